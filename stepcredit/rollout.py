@@ -105,6 +105,11 @@ class RolloutConfig:
       action_format: "text", "tags" (`<action>...</action>`), "react" (an
         `Action:` line) or "choice" (the number of an admissible action, which
         the prompt lists numbered).
+      constrain_choice: with "choice", the policy samples one token from the
+        numbers on offer only (action masking over the admissible actions, as
+        text-game agents choose among valid actions), so no output is
+        malformed; False lets it emit any tokens, and malformed outputs are
+        invalid actions.
       invalid_action_penalty: subtracted from a step's reward when the
         environment marks its action invalid (0.1 in the GiGPO, iStar and
         StepPO scripts; clarification 16: set here, not in the environment).
@@ -116,6 +121,7 @@ class RolloutConfig:
     show_admissible: bool = True
     temperature: float = 1.0
     action_format: str = "text"
+    constrain_choice: bool = True
     invalid_action_penalty: float = 0.1
 
     def __post_init__(self):
@@ -125,6 +131,26 @@ class RolloutConfig:
         if self.max_prompt_tokens < 4 or self.max_action_tokens < 1:
             raise ValueError(f"RolloutConfig: max_prompt_tokens={self.max_prompt_tokens} and "
                              f"max_action_tokens={self.max_action_tokens} are too small")
+
+
+    @property
+    def constrained(self) -> bool:
+        """True when actions are single tokens drawn from the numbers on offer."""
+        return self.action_format == "choice" and self.constrain_choice
+
+    @property
+    def action_length(self) -> int:
+        """The most tokens one action takes (1 under the choice constraint)."""
+        return 1 if self.constrained else self.max_action_tokens
+
+
+def choice_markers(tokenizer: Tokenizer, config: RolloutConfig) -> tuple[int, ...]:
+    """The marker ids that precede choosable ids under `config` (() when unconstrained).
+
+    The prompt lists admissible actions as "<adm> 1: ... <sep> 2: ...", so the
+    ids after `<adm>` and `<sep>` are the numbers on offer.
+    """
+    return (tokenizer.special.adm, tokenizer.special.sep) if config.constrained else ()
 
 
 class Rollout(NamedTuple):
@@ -195,8 +221,9 @@ def collect(graphdef, state, pool: EnvPool, tasks: Sequence[Any], group_size: in
         key, sample_key = jax.random.split(key)
         tick = time.perf_counter()
         out = jax.device_get(generate(graphdef, state, tokens, mask, sample_key,
-                                      max_new_tokens=config.max_action_tokens, eoa_id=special.eoa,
-                                      pad_id=special.pad, temperature=config.temperature))
+                                      max_new_tokens=config.action_length, eoa_id=special.eoa,
+                                      pad_id=special.pad, temperature=config.temperature,
+                                      choice_markers=choice_markers(tokenizer, config)))
         model_seconds += time.perf_counter() - tick
         actions: list[str | None] = [None] * batch
         parse_errors: dict[int, str] = {}

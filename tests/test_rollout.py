@@ -11,8 +11,8 @@ from stepcredit.data import load_trajectories, save_trajectories
 from stepcredit.envs import registry
 from stepcredit.envs.pool import EnvPool
 from stepcredit.models.transformer import TransformerConfig, TransformerPolicy, score_rows
-from stepcredit.rollout import (ActionParseError, RolloutConfig, collect, parse_choice, parse_react,
-                                parse_tags, parse_text, render_action)
+from stepcredit.rollout import (ActionParseError, RolloutConfig, choice_markers, collect,
+                                parse_choice, parse_react, parse_tags, parse_text, render_action)
 from stepcredit.train.trainer import build_tokenizer
 
 ADMISSIBLE = ("go to desk 1", "look", "inventory")
@@ -84,3 +84,29 @@ def test_live_rollouts_export_to_the_step_row_schema_without_loss(rollout, tmp_p
             np.testing.assert_array_equal(np.float32(b.action_logp), np.float32(a.action_logp))
             assert (b.reward, b.done, b.truncated, b.anchor) == (a.reward, a.done, a.truncated, a.anchor)
             assert dict(b.info) == dataclasses.asdict(a)["info"]
+
+
+def test_constrained_choice_rollouts_pick_only_admissible_actions():
+    tokenizer = build_tokenizer("alfworld")
+    model = TransformerPolicy(TransformerConfig(vocab_size=tokenizer.vocab_size, d_model=32,
+                                                num_layers=1, num_heads=2, mlp_dim=64),
+                              rngs=nnx.Rngs(1))
+    graphdef, state = nnx.split(model)
+    config = RolloutConfig(max_prompt_tokens=192, max_action_tokens=6, action_format="choice")
+    markers = choice_markers(tokenizer, config)
+    assert markers and config.action_length == 1
+    envs = [registry.make("alfworld", difficulty=0, max_steps=3) for _ in range(4)]
+    with EnvPool(envs) as pool:
+        out = collect(graphdef, state, pool, [0, 1], 2, tokenizer, jax.random.key(0), config)
+    # An untrained policy already acts validly: every sample is one of the numbers on offer.
+    assert out.metrics["rollout/invalid_action_rate"] == 0.0
+    for trajectory in out.trajectories:
+        for step in trajectory.steps:
+            assert len(step.action_ids) == 1 and step.info["valid"]
+            row = np.asarray([list(step.prompt_ids) + list(step.action_ids)], np.int32)
+            scores = score_rows(graphdef, state, row, np.ones_like(row, bool),
+                                choice_markers=markers)
+            np.testing.assert_allclose(float(scores.logprobs[0, -1]), step.action_logp[0],
+                                       atol=1e-4)
+    free = dataclasses.replace(config, constrain_choice=False)
+    assert choice_markers(tokenizer, free) == () and free.action_length == 6

@@ -24,6 +24,8 @@ import jax.numpy as jnp
 from flax import nnx
 
 from stepcredit.models.transformer import (
+    choice_mask,
+    constrain_logits,
     init_cache,
     positions_from_mask,
     token_logprobs_and_entropy,
@@ -66,11 +68,12 @@ def _sample(key, logits, temperature, done):
     return ids, logp[:, 0], entropy[:, 0]
 
 
-@functools.partial(jax.jit, static_argnames=("graphdef", "max_new_tokens"))
+@functools.partial(jax.jit, static_argnames=("graphdef", "max_new_tokens", "choice_markers"))
 def generate(graphdef: nnx.GraphDef, state: nnx.State, prompt_tokens: jax.Array,
              prompt_mask: jax.Array, key: jax.Array, *, max_new_tokens: int,
              eoa_id: int | jax.Array, pad_id: int | jax.Array,
-             temperature: float | jax.Array = 1.0) -> Generation:
+             temperature: float | jax.Array = 1.0,
+             choice_markers: tuple[int, ...] = ()) -> Generation:
     """Samples one action per prompt with a KV cache.
 
     Args:
@@ -86,6 +89,10 @@ def generate(graphdef: nnx.GraphDef, state: nnx.State, prompt_tokens: jax.Array,
       pad_id: written after a row's end.
       temperature: T > 0 samples from softmax(logits / T); T <= 0 is greedy
         (argmax), with log-probs and entropies of softmax(logits).
+      choice_markers: when given (static), every token is drawn from the ids
+        that follow these markers in the prompt (`choice_mask`: the numbers of
+        a numbered list of admissible actions); `score_rows` with the same
+        markers gives the same log-probs.
 
     Returns:
       A `Generation`.
@@ -101,10 +108,14 @@ def generate(graphdef: nnx.GraphDef, state: nnx.State, prompt_tokens: jax.Array,
     logits, values, cache = model.decode(prompt_tokens, positions_from_mask(prompt_mask),
                                          prefill_mask, cache, 0)
     next_position = jnp.sum(prompt_mask, axis=1, dtype=jnp.int32)
+    if choice_markers:
+        allowed = choice_mask(prompt_tokens, prompt_mask, choice_markers, logits.shape[-1])
+    else:
+        allowed = jnp.ones((b, logits.shape[-1]), bool)
 
     done = jnp.zeros((b,), bool)
     key, sub = jax.random.split(key)
-    ids, logp, entropy = _sample(sub, logits[:, -1], temperature, done)
+    ids, logp, entropy = _sample(sub, constrain_logits(logits[:, -1], allowed), temperature, done)
     out_tokens = jnp.full((b, max_new_tokens), pad_id, jnp.int32).at[:, 0].set(ids)
     out_logp = jnp.zeros((b, max_new_tokens), jnp.float32).at[:, 0].set(logp)
     out_entropy = jnp.zeros((b, max_new_tokens), jnp.float32).at[:, 0].set(entropy)
@@ -123,7 +134,8 @@ def generate(graphdef: nnx.GraphDef, state: nnx.State, prompt_tokens: jax.Array,
         logits, _, cache = model.decode(out_tokens[:, i - 1][:, None], positions, attn_mask,
                                         cache, column)
         key, sub = jax.random.split(key)
-        ids, logp, entropy = _sample(sub, logits[:, 0], temperature, done)
+        ids, logp, entropy = _sample(sub, constrain_logits(logits[:, 0], allowed), temperature,
+                                     done)
         out_tokens = out_tokens.at[:, i].set(jnp.where(done, pad_id, ids))
         out_logp = out_logp.at[:, i].set(logp)
         out_entropy = out_entropy.at[:, i].set(entropy)

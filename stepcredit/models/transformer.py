@@ -296,9 +296,47 @@ class RowScores(NamedTuple):
     values: jax.Array
 
 
-@jax.jit(static_argnums=0)
+_EXCLUDED_LOGIT = -1e9
+"""The logit given to ids a choice constraint excludes: finite, so that p log p is 0, not NaN."""
+
+
+def choice_mask(tokens: jax.Array, mask: jax.Array, marker_ids: Sequence[int],
+                vocab_size: int) -> jax.Array:
+    """The ids a row may choose: those that directly follow one of `marker_ids`.
+
+    A numbered list in a prompt ("<adm> 1 : go to desk 1 <sep> 2 : look") puts
+    each item's number right after a marker, so with markers (<adm>, <sep>)
+    the allowed ids are exactly the numbers on offer. A row without any marker
+    (its list was dropped to fit the prompt budget) is left unconstrained.
+
+    Args:
+      tokens: `[B, L]` int ids.
+      mask: `[B, L]` bool, true on real tokens.
+      marker_ids: the ids that precede a choosable id.
+      vocab_size: V.
+
+    Returns:
+      `[B, V]` bool: allowed[b, v] is true when v may be chosen in row b.
+    """
+    mask = mask.astype(bool)
+    is_marker = jnp.isin(tokens[:, :-1], jnp.asarray(marker_ids, tokens.dtype))
+    follows = is_marker & mask[:, :-1] & mask[:, 1:]
+    rows = jnp.broadcast_to(jnp.arange(tokens.shape[0])[:, None], follows.shape)
+    # Non-following positions write False, which `max` leaves unchanged.
+    allowed = jnp.zeros((tokens.shape[0], vocab_size), bool).at[rows, tokens[:, 1:]].max(follows)
+    return allowed | ~jnp.any(allowed, axis=1, keepdims=True)
+
+
+def constrain_logits(logits: jax.Array, allowed: jax.Array) -> jax.Array:
+    """`logits` `[B, ..., V]` with the ids outside `allowed` `[B, V]` excluded."""
+    allowed = allowed.reshape(allowed.shape[:1] + (1,) * (logits.ndim - 2) + allowed.shape[1:])
+    return jnp.where(allowed, logits, _EXCLUDED_LOGIT)
+
+
+@jax.jit(static_argnums=0, static_argnames=("choice_markers",))
 def score_rows(graphdef: nnx.GraphDef, state: nnx.State, tokens: jax.Array, mask: jax.Array,
-               temperature: float | jax.Array = 1.0) -> RowScores:
+               temperature: float | jax.Array = 1.0,
+               choice_markers: tuple[int, ...] = ()) -> RowScores:
     """Scores step rows (prompt tokens then action tokens) with one forward pass.
 
     For every real token n after the row's first, the log-probability and
@@ -312,12 +350,18 @@ def score_rows(graphdef: nnx.GraphDef, state: nnx.State, tokens: jax.Array, mask
       tokens: `[B, L]` int ids.
       mask: `[B, L]` bool, true on real tokens (left or right padding).
       temperature: scalar > 0 (traced: changing it does not recompile).
+      choice_markers: when given, the policy chooses among the ids that follow
+        these markers in the row (`choice_mask`), as `generate` does with the
+        same markers; score only the action tokens of such rows.
 
     Returns:
       `RowScores` of `[B, L]` arrays (0 where there is no previous real token).
     """
     mask = mask.astype(bool)
     logits, values = nnx.merge(graphdef, state)(tokens, mask)
+    if choice_markers:
+        logits = constrain_logits(logits, choice_mask(tokens, mask, choice_markers,
+                                                      logits.shape[-1]))
     # Column n is predicted by column n - 1; with left padding the previous
     # column of a row's first real token is padding, hence `has_prev`.
     has_prev = mask[:, 1:] & mask[:, :-1]

@@ -75,6 +75,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--action-format", default="text", choices=("text", "tags", "react", "choice"),
                         help="how the policy's output names an action (choice: the number of an "
                              "admissible action)")
+    parser.add_argument("--free-choice", dest="constrain_choice", action="store_false",
+                        help="with --action-format choice, let the policy emit any tokens instead "
+                             "of sampling only among the numbers on offer")
 
 
 def config_from_args(args: argparse.Namespace):
@@ -103,7 +106,8 @@ def config_from_args(args: argparse.Namespace):
                                          max_prompt_tokens=args.max_prompt_tokens,
                                          max_action_tokens=args.max_action_tokens,
                                          history_window=args.history_window,
-                                         action_format=args.action_format))
+                                         action_format=args.action_format,
+                                         constrain_choice=args.constrain_choice))
 
 
 def run(args: argparse.Namespace) -> int:

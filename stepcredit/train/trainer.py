@@ -36,7 +36,7 @@ from stepcredit.envs import registry as env_registry
 from stepcredit.envs.pool import EnvPool
 from stepcredit.models.tokenizer import WordTokenizer
 from stepcredit.models.transformer import TransformerConfig, TransformerPolicy, score_rows
-from stepcredit.rollout import Rollout, collect
+from stepcredit.rollout import Rollout, choice_markers, collect
 from stepcredit.train import asynchronous
 from stepcredit.train import update as learner
 from stepcredit.train.checkpoint import Checkpointer
@@ -74,14 +74,17 @@ def _dynamic_sampling(config: TrainConfig) -> bool:
     return config.dynamic_sampling
 
 
-def _loss_config(config: TrainConfig, estimator: adv.Estimator) -> learner.LossConfig:
-    """The learner's losses, with the critic on only for critic-based estimators."""
+def _loss_config(config: TrainConfig, estimator: adv.Estimator,
+                 tokenizer: WordTokenizer) -> learner.LossConfig:
+    """The learner's losses, with the critic on only for critic-based estimators and the
+    rollout's action constraint, so that scoring sees the distribution that sampled."""
     loss = config.loss
     return dataclasses.replace(loss, value_coef=(loss.value_coef or 0.5) if estimator.needs_critic
                                else 0.0,
                                temperature=config.rollout.temperature if
                                config.rollout.temperature > 0 else 1.0,
-                               decoupled=loss.decoupled or config.async_mode)
+                               decoupled=loss.decoupled or config.async_mode,
+                               choice_markers=choice_markers(tokenizer, config.rollout))
 
 
 class Trainer:
@@ -110,8 +113,8 @@ class Trainer:
         self.tx = learner.make_optimizer(learning_rate=config.learning_rate,
                                          weight_decay=config.weight_decay,
                                          grad_clip=config.grad_clip)
-        self.loss_config = _loss_config(config, self.estimator)
-        self.row_length = config.rollout.max_prompt_tokens + config.rollout.max_action_tokens
+        self.loss_config = _loss_config(config, self.estimator, self.tokenizer)
+        self.row_length = config.rollout.max_prompt_tokens + config.rollout.action_length
         default_env = make_env(config, "train")
         self.default_max_steps = config.max_steps or default_env.max_steps
         self.num_train_tasks = default_env.num_tasks
@@ -183,7 +186,8 @@ class Trainer:
         """Scores all rows in minibatch-sized chunks (one compiled shape)."""
         m = self.config.minibatch_rows
         parts = [learner.score(params, rows.tokens[i:i + m], rows.mask[i:i + m],
-                               jnp.float32(self.loss_config.temperature), graphdef=self.graphdef)
+                               jnp.float32(self.loss_config.temperature), graphdef=self.graphdef,
+                               choice_markers=self.loss_config.choice_markers)
                  for i in range(0, len(rows.tokens), m)]
         return jax.tree.map(lambda *xs: jnp.concatenate(xs), *parts)
 
@@ -214,12 +218,13 @@ class Trainer:
 
     def _score_differentiable(self, params, rows: StepRowBatch):
         return score_rows(self.graphdef, params, rows.tokens, rows.mask,
-                          self.loss_config.temperature).logprobs
+                          self.loss_config.temperature,
+                          choice_markers=self.loss_config.choice_markers).logprobs
 
     def learn(self, trajectories: list[Trajectory], limit: int) -> dict[str, float]:
         """Credit assignment and `epochs` passes of minibatch updates on one batch."""
         config = self.config
-        num_tokens = limit * config.rollout.max_action_tokens
+        num_tokens = limit * config.rollout.action_length
         steps, tokens, _ = collate(trajectories, max_steps=limit, max_tokens=num_tokens,
                                    with_observations=False)
         shape = tokens.tokens.shape
@@ -321,7 +326,8 @@ class Trainer:
             chunk = rng.choice(len(rows.tokens), m, replace=len(rows.tokens) < m)
             self.state["policy"], self.state["opt"], loss = learner.supervised_step(
                 self.state["policy"], self.state["opt"], rows.tokens[chunk], rows.mask[chunk],
-                rows.action_mask[chunk], graphdef=self.graphdef, tx=self.tx)
+                rows.action_mask[chunk], graphdef=self.graphdef, tx=self.tx,
+                choice_markers=self.loss_config.choice_markers)
             losses_seen.append(float(loss))
         # The RL optimizer starts fresh from the warm-started policy.
         self.state["opt"] = self.tx.init(self.state["policy"])

@@ -38,6 +38,9 @@ class LossConfig:
       kl_coef, kl_kind: KL penalty to the reference policy (0: none).
       entropy_coef: entropy bonus weight.
       temperature: the sampling temperature the log-probs refer to.
+      choice_markers: the policy chooses among the ids that follow these
+        markers in each row (the rollout's constrained "choice" format; see
+        `stepcredit.models.choice_mask`); () leaves it unconstrained.
     """
 
     clip_low: float = 0.2
@@ -55,6 +58,11 @@ class LossConfig:
     kl_kind: str = "low_var_kl"
     entropy_coef: float = 0.0
     temperature: float = 1.0
+    choice_markers: tuple[int, ...] = ()
+
+    def __post_init__(self):
+        # A static jit argument must hash: a list read back from JSON becomes a tuple.
+        object.__setattr__(self, "choice_markers", tuple(self.choice_markers))
 
 
 class Minibatch(NamedTuple):
@@ -98,7 +106,8 @@ def _policy_loss(config: LossConfig, logp, batch: Minibatch):
 def total_loss(state: nnx.State, graphdef: nnx.GraphDef, config: LossConfig,
                batch: Minibatch) -> tuple[jax.Array, dict[str, jax.Array]]:
     """Policy loss + value_coef * value loss + kl_coef * KL - entropy_coef * entropy."""
-    scores = score_rows(graphdef, state, batch.tokens, batch.mask, config.temperature)
+    scores = score_rows(graphdef, state, batch.tokens, batch.mask, config.temperature,
+                        choice_markers=config.choice_markers)
     loss, metrics = _policy_loss(config, scores.logprobs, batch)
     metrics = {f"policy/{k}": v for k, v in metrics.items()}
     metrics["loss/policy"] = loss
@@ -130,11 +139,11 @@ def train_step(state: nnx.State, opt_state: Any, batch: Minibatch, *, graphdef: 
     return optax.apply_updates(state, updates), opt_state, metrics
 
 
-@functools.partial(jax.jit, static_argnames=("graphdef",))
+@functools.partial(jax.jit, static_argnames=("graphdef", "choice_markers"))
 def score(state: nnx.State, tokens: jax.Array, mask: jax.Array, temperature: jax.Array, *,
-          graphdef: nnx.GraphDef):
+          graphdef: nnx.GraphDef, choice_markers: tuple[int, ...] = ()):
     """Log-probs, entropies and values of step rows under `state` (no gradient)."""
-    return score_rows(graphdef, state, tokens, mask, temperature)
+    return score_rows(graphdef, state, tokens, mask, temperature, choice_markers=choice_markers)
 
 
 @functools.lru_cache(maxsize=None)
@@ -149,16 +158,20 @@ def make_optimizer(*, learning_rate: float, weight_decay: float,
                        optax.adamw(learning_rate, weight_decay=weight_decay))
 
 
-def supervised_loss(state: nnx.State, graphdef: nnx.GraphDef, tokens, mask, action_mask):
+def supervised_loss(state: nnx.State, graphdef: nnx.GraphDef, tokens, mask, action_mask,
+                    choice_markers: tuple[int, ...] = ()):
     """Mean negative log-likelihood of the action tokens (the oracle warm start)."""
-    scores = score_rows(graphdef, state, tokens, mask, 1.0)
+    scores = score_rows(graphdef, state, tokens, mask, 1.0, choice_markers=choice_markers)
     count = jnp.maximum(jnp.sum(action_mask), 1)
     return -jnp.sum(jnp.where(action_mask, scores.logprobs, 0.0)) / count
 
 
-@functools.partial(jax.jit, static_argnames=("graphdef", "tx"), donate_argnums=(0, 1))
-def supervised_step(state, opt_state, tokens, mask, action_mask, *, graphdef, tx):
+@functools.partial(jax.jit, static_argnames=("graphdef", "tx", "choice_markers"),
+                   donate_argnums=(0, 1))
+def supervised_step(state, opt_state, tokens, mask, action_mask, *, graphdef, tx,
+                    choice_markers: tuple[int, ...] = ()):
     """One optimizer step of `supervised_loss`; returns (state, opt_state, loss)."""
-    loss, grads = jax.value_and_grad(supervised_loss)(state, graphdef, tokens, mask, action_mask)
+    loss, grads = jax.value_and_grad(supervised_loss)(state, graphdef, tokens, mask, action_mask,
+                                                      choice_markers)
     updates, opt_state = tx.update(grads, opt_state, state)
     return optax.apply_updates(state, updates), opt_state, loss

@@ -31,7 +31,8 @@ def demonstration_rows(make_env: Callable, tokenizer: Tokenizer, config: Rollout
       row_length: L of the rows; multiple: rows are padded to a multiple of it.
 
     Returns:
-      A `StepRowBatch` whose action tokens are the oracle's actions plus `<eoa>`.
+      A `StepRowBatch` whose action tokens are the oracle's actions plus `<eoa>`
+      (the number alone under the choice constraint).
     """
     env = make_env()
     tasks = np.random.default_rng([seed, 5]).choice(env.num_tasks, num_tasks, replace=False)
@@ -45,7 +46,7 @@ def demonstration_rows(make_env: Callable, tokenizer: Tokenizer, config: Rollout
                 output = render_action(action, observation.admissible_actions, config.action_format)
                 ids = tokenizer.encode(output) + [tokenizer.special.eoa]
                 prompts.append(prompt.ids)
-                actions.append(ids[:config.max_action_tokens])
+                actions.append(ids[:config.action_length])
                 history.append((observation.text, ids))
                 result = env.step(action)
                 observation = result.observation

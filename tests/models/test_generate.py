@@ -9,6 +9,7 @@ from stepcredit.models.generate import generate
 from stepcredit.models.transformer import (
     TransformerConfig,
     TransformerPolicy,
+    choice_mask,
     forward,
     pack_rows,
     score_rows,
@@ -108,3 +109,35 @@ def test_rows_stop_after_the_end_of_action_token():
         assert np.all(gen.entropies[b, n:] == 0)
     assert gen.lengths[0] <= 3 and gen.finished[0]
     assert jnp.issubdtype(gen.tokens.dtype, jnp.integer) and gen.values.shape == (3,)
+
+
+MARKERS = (60, 61)   # stand-ins for <adm> and <sep>: the ids after them may be chosen
+CHOICE_PROMPTS = [[1, 60, 21, 5, 61, 22, 6, 61, 23], [1, 60, 30, 61, 31], [1, 5, 9]]
+
+
+def test_choice_mask_allows_exactly_the_ids_after_a_marker():
+    rows = pack_rows(CHOICE_PROMPTS, length=10, pad_id=PAD, side="left")
+    allowed = np.asarray(choice_mask(rows.tokens, rows.mask, MARKERS, V))
+    assert set(np.flatnonzero(allowed[0])) == {21, 22, 23}
+    assert set(np.flatnonzero(allowed[1])) == {30, 31}
+    assert allowed[2].all()   # no list in the prompt: unconstrained
+
+
+def test_constrained_generation_samples_offered_ids_with_the_scored_logprobs():
+    rows = pack_rows(CHOICE_PROMPTS, length=10, pad_id=PAD, side="left")
+    for temperature in (1.0, 0.0):
+        gen = jax.tree.map(np.asarray, generate(
+            GRAPHDEF, STATE, rows.tokens, rows.mask, jax.random.key(5), max_new_tokens=1,
+            eoa_id=EOA, pad_id=PAD, temperature=temperature, choice_markers=MARKERS))
+        assert gen.tokens[0, 0] in (21, 22, 23) and gen.tokens[1, 0] in (30, 31)
+        full = pack_rows(CHOICE_PROMPTS, [row[:1] for row in gen.tokens], length=11, pad_id=PAD,
+                         side="left")
+        scores = jax.tree.map(np.asarray, score_rows(GRAPHDEF, STATE, full.tokens, full.mask,
+                                                     1.0, choice_markers=MARKERS))
+        np.testing.assert_allclose(gen.logprobs[:, 0], scores.logprobs[:, -1], rtol=1e-4,
+                                   atol=1e-5)
+        np.testing.assert_allclose(gen.entropies[:, 0], scores.entropies[:, -1], rtol=1e-4,
+                                   atol=1e-5)
+        # The offered ids carry all the probability: the entropy is at most log(#offered).
+        assert gen.entropies[0, 0] <= np.log(3) + 1e-5 and gen.entropies[1, 0] <= np.log(2) + 1e-5
+        assert np.all(np.isfinite(scores.logprobs)) and np.all(np.isfinite(scores.entropies))

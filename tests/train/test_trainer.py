@@ -79,6 +79,17 @@ def test_other_simulators_train(tmp_path, env, estimator):
     assert rows[0]["rollout/steps_per_episode"] > 0
 
 
+def test_constrained_choice_format_trains_and_warm_starts(tmp_path):
+    rows = train(tmp_path, "alfworld", "step_gae", "--action-format", "choice",
+                 "--max-prompt-tokens", "192", "--warm-start-steps", "2")
+    assert_finite(rows)
+    # Sampling only among the numbers on offer, even the untrained policy never acts invalidly.
+    assert rows[0]["warm_start/loss_last"] > 0 and rows[-1]["rollout/invalid_action_rate"] == 0.0
+    trainer = restored(tmp_path)
+    special = trainer.tokenizer.special
+    assert trainer.loss_config.choice_markers == (special.adm, special.sep)
+
+
 def test_eval_command_reads_a_checkpoint(tmp_path, capsys):
     train(tmp_path, "alfworld", "grpo")
     capsys.readouterr()
