@@ -25,7 +25,7 @@ import time
 
 from stepcredit.train.config import TrainConfig
 from stepcredit.train.metrics import read_metrics
-from stepcredit.train.trainer import Trainer
+from stepcredit.train.trainer import Trainer, with_fitted_prompt_budget
 
 FIELDS = ("env", "estimator", "seed", "iterations", "minutes", "eval_success", "eval_score",
           "train_success_last", "credit_fraction")
@@ -34,8 +34,9 @@ FIELDS = ("env", "estimator", "seed", "iterations", "minutes", "eval_success", "
 def run_one(base: TrainConfig, env: str, estimator: str, seed: int, out: str) -> dict:
     """Trains one configuration and returns its summary row."""
     logdir = os.path.join(out, "runs", f"{env}-{estimator}-s{seed}")
-    config = dataclasses.replace(base, env=env, estimator=estimator, seed=seed, logdir=logdir,
-                                 eval_every=base.eval_every or base.iterations)
+    config = with_fitted_prompt_budget(dataclasses.replace(
+        base, env=env, estimator=estimator, seed=seed, logdir=logdir,
+        eval_every=base.eval_every or base.iterations))
     began = time.perf_counter()
     history = Trainer(config, log=functools.partial(print, flush=True)).run()
     last = history[-1]

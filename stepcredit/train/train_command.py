@@ -69,7 +69,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--kl-coef", type=float, default=0.0)
     parser.add_argument("--entropy-coef", type=float, default=0.0, help="entropy bonus weight")
     parser.add_argument("--temperature", type=float, default=1.0)
-    parser.add_argument("--max-prompt-tokens", type=int, default=160)
+    parser.add_argument("--max-prompt-tokens", type=int, default=None,
+                        help="step prompt budget; default: fitted to the longest oracle prompt "
+                             "(plus 25%%) so that no admissible list is dropped")
     parser.add_argument("--max-action-tokens", type=int, default=12)
     parser.add_argument("--history-window", type=int, default=1)
     parser.add_argument("--action-format", default="text", choices=("text", "tags", "react", "choice"),
@@ -103,7 +105,8 @@ def config_from_args(args: argparse.Namespace):
         num_devices=args.devices, learning_rate=args.learning_rate, epochs=args.epochs,
         minibatch_rows=args.minibatch_rows, d_model=args.d_model, num_layers=args.num_layers,
         loss=loss, rollout=RolloutConfig(temperature=args.temperature,
-                                         max_prompt_tokens=args.max_prompt_tokens,
+                                         **({} if args.max_prompt_tokens is None else
+                                            {"max_prompt_tokens": args.max_prompt_tokens}),
                                          max_action_tokens=args.max_action_tokens,
                                          history_window=args.history_window,
                                          action_format=args.action_format,
@@ -111,9 +114,13 @@ def config_from_args(args: argparse.Namespace):
 
 
 def run(args: argparse.Namespace) -> int:
-    from stepcredit.train.trainer import Trainer
+    from stepcredit.train.trainer import Trainer, with_fitted_prompt_budget
 
     config = config_from_args(args)
+    if args.max_prompt_tokens is None:
+        config = with_fitted_prompt_budget(config)
+        print(f"prompt budget: {config.rollout.max_prompt_tokens} tokens (fitted to "
+              f"{config.env}'s oracle prompts)", flush=True)
     trainer = Trainer(config, log=functools.partial(print, flush=True))
     history = trainer.run(resume=args.resume)
     if history:

@@ -68,6 +68,17 @@ def make_env(config: TrainConfig, split: str, max_steps: int | None = None):
     return env_registry.make(config.env, **kwargs)
 
 
+def with_fitted_prompt_budget(config: TrainConfig) -> TrainConfig:
+    """`config` with a prompt budget fitted to the environment's oracle prompts
+    (`warm_start.fit_prompt_budget`), so no admissible list or history is dropped."""
+    from stepcredit.train.warm_start import fit_prompt_budget
+
+    budget = fit_prompt_budget(lambda: make_env(config, "train"), build_tokenizer(config.env),
+                               config.rollout, seed=config.seed)
+    return dataclasses.replace(config, rollout=dataclasses.replace(config.rollout,
+                                                                   max_prompt_tokens=budget))
+
+
 def _dynamic_sampling(config: TrainConfig) -> bool:
     if config.dynamic_sampling is None:
         return config.estimator.startswith("dapo")

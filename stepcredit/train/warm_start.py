@@ -8,7 +8,8 @@ of a randomly initialised policy.
 
 from __future__ import annotations
 
-from typing import Callable
+import dataclasses
+from typing import Callable, Iterator
 
 import numpy as np
 
@@ -16,6 +17,30 @@ from stepcredit.models.tokenizer import Tokenizer
 from stepcredit.models.transformer import pack_rows
 from stepcredit.rollout import RolloutConfig, render_action, step_prompt
 from stepcredit.train.rows import StepRowBatch
+
+
+def _demonstrations(make_env: Callable, tokenizer: Tokenizer, config: RolloutConfig, *,
+                    num_tasks: int, seed: int) -> Iterator[tuple[list[int], list[int]]]:
+    """(prompt ids, action ids + `<eoa>`) of every oracle step on seeded training tasks."""
+    env = make_env()
+    tasks = np.random.default_rng([seed, 5]).choice(env.num_tasks, min(num_tasks, env.num_tasks),
+                                                    replace=False)
+    try:
+        for task in tasks.tolist():
+            observation, history = env.reset(task), []
+            while True:
+                action = env.oracle_actions()[0]
+                prompt = step_prompt(tokenizer, config, observation, history)
+                output = render_action(action, observation.admissible_actions, config.action_format)
+                ids = tokenizer.encode(output) + [tokenizer.special.eoa]
+                yield prompt.ids, ids
+                history.append((observation.text, ids))
+                result = env.step(action)
+                observation = result.observation
+                if result.done or result.truncated:
+                    break
+    finally:
+        env.close()
 
 
 def demonstration_rows(make_env: Callable, tokenizer: Tokenizer, config: RolloutConfig, *,
@@ -34,26 +59,11 @@ def demonstration_rows(make_env: Callable, tokenizer: Tokenizer, config: Rollout
       A `StepRowBatch` whose action tokens are the oracle's actions plus `<eoa>`
       (the number alone under the choice constraint).
     """
-    env = make_env()
-    tasks = np.random.default_rng([seed, 5]).choice(env.num_tasks, num_tasks, replace=False)
     prompts, actions = [], []
-    try:
-        for task in tasks.tolist():
-            observation, history = env.reset(task), []
-            while True:
-                action = env.oracle_actions()[0]
-                prompt = step_prompt(tokenizer, config, observation, history)
-                output = render_action(action, observation.admissible_actions, config.action_format)
-                ids = tokenizer.encode(output) + [tokenizer.special.eoa]
-                prompts.append(prompt.ids)
-                actions.append(ids[:config.action_length])
-                history.append((observation.text, ids))
-                result = env.step(action)
-                observation = result.observation
-                if result.done or result.truncated:
-                    break
-    finally:
-        env.close()
+    for prompt, action in _demonstrations(make_env, tokenizer, config, num_tasks=num_tasks,
+                                          seed=seed):
+        prompts.append(prompt)
+        actions.append(action[:config.action_length])
     count = -(-len(prompts) // multiple) * multiple
     padding = count - len(prompts)
     packed = pack_rows(prompts + [[tokenizer.special.bos]] * padding, actions + [[]] * padding,
@@ -63,3 +73,27 @@ def demonstration_rows(make_env: Callable, tokenizer: Tokenizer, config: Rollout
     return StepRowBatch(packed.tokens, packed.mask & valid[:, None], packed.action_mask,
                         np.zeros(packed.tokens.shape, np.float32),
                         np.zeros(packed.tokens.shape, bool), valid, zeros, zeros)
+
+
+PROMPT_BUDGET_QUANTUM = 32
+
+
+def fit_prompt_budget(make_env: Callable, tokenizer: Tokenizer, config: RolloutConfig, *,
+                      num_tasks: int = 32, seed: int = 0, headroom: float = 1.25) -> int:
+    """A prompt budget that fits the environment's step prompts without dropping anything.
+
+    Plays the oracle on `num_tasks` training tasks with an unlimited budget,
+    takes the longest step prompt (task, history window, observation and the
+    admissible list under `config`), adds `headroom` for the longer pages a
+    learning agent visits and rounds up to a multiple of 32. A budget below
+    the longest prompt would drop history first and then the whole admissible
+    list, which leaves a "choice" policy nothing to choose from.
+
+    Returns:
+      The budget in tokens.
+    """
+    unlimited = dataclasses.replace(config, max_prompt_tokens=1 << 20)
+    longest = max(len(prompt) for prompt, _ in _demonstrations(
+        make_env, tokenizer, unlimited, num_tasks=num_tasks, seed=seed))
+    quantum = PROMPT_BUDGET_QUANTUM
+    return -(-int(longest * headroom) // quantum) * quantum

@@ -16,12 +16,13 @@ import pytest
 
 from stepcredit import advantages as adv
 from stepcredit.cli import main
-from stepcredit.rollout import RolloutConfig
+from stepcredit.prompts import PromptTooLongError
+from stepcredit.rollout import RolloutConfig, step_prompt
 from stepcredit.train import update as learner
 from stepcredit.train.config import TrainConfig
 from stepcredit.train.metrics import read_metrics
-from stepcredit.train.trainer import Trainer, make_env
-from stepcredit.train.warm_start import demonstration_rows
+from stepcredit.train.trainer import Trainer, build_tokenizer, make_env
+from stepcredit.train.warm_start import demonstration_rows, fit_prompt_budget
 
 TINY = ["--iterations", "1", "--tasks-per-iteration", "2", "--group-size", "2", "--max-steps", "3",
         "--d-model", "32", "--num-layers", "1", "--minibatch-rows", "16", "--epochs", "1",
@@ -134,6 +135,32 @@ def test_oracle_warm_start_lowers_the_supervised_loss(tmp_path):
     assert after < 0.8 * before, (before, after)
     assert metrics["warm_start/loss_last"] < metrics["warm_start/loss_first"]
     assert metrics["warm_start/demonstration_rows"] == rows.valid.sum()
+
+
+@pytest.mark.parametrize("env", ["hotpotqa", "webshop"])
+def test_fitted_prompt_budget_keeps_every_admissible_list(env):
+    rollout = RolloutConfig(action_format="choice")
+    config = TrainConfig(env=env, rollout=rollout)
+    tokenizer = build_tokenizer(env)
+    budget = fit_prompt_budget(lambda: make_env(config, "train"), tokenizer, rollout, num_tasks=8)
+    assert budget % 32 == 0 and budget > rollout.max_prompt_tokens
+    fitted = dataclasses.replace(rollout, max_prompt_tokens=budget)
+    environment = make_env(config, "train")
+    default_failures = 0
+    for task in range(8, 16):   # tasks the budget was not fitted on
+        observation, history = environment.reset(task), []
+        for action in environment.oracle_actions():
+            prompt = step_prompt(tokenizer, fitted, observation, history)
+            assert not prompt.admissible_dropped and prompt.history_dropped == 0
+            try:
+                default_failures += step_prompt(tokenizer, rollout, observation,
+                                                history).admissible_dropped
+            except PromptTooLongError:
+                default_failures += 1
+            history.append((observation.text, action))
+            observation = environment.step(action).observation
+    # The fixed budget of 160 tokens drops the list these prompts need (or cannot fit at all).
+    assert default_failures > 0
 
 
 def test_device_settings_that_cannot_work_are_named(tmp_path):
