@@ -173,8 +173,16 @@ def step_prompt(tokenizer: Tokenizer, config: RolloutConfig, observation: Observ
                              window=config.history_window, max_tokens=config.max_prompt_tokens)
 
 
-def _left_padded(tokenizer: Tokenizer, prompts: Sequence[Sequence[int] | None], length: int):
+PROMPT_WIDTH_QUANTUM = 64
+"""Prompt batches are padded to the longest prompt rounded up to this (at most the
+budget): short early-episode prompts skip most of the prefill, and a budget of P
+tokens compiles at most P / 64 generation shapes."""
+
+
+def _left_padded(tokenizer: Tokenizer, prompts: Sequence[Sequence[int] | None], budget: int):
     filler = [tokenizer.special.bos]  # finished rows still take part in the static-shape call
+    longest = max((len(p) for p in prompts if p is not None), default=1)
+    length = min(budget, -(-longest // PROMPT_WIDTH_QUANTUM) * PROMPT_WIDTH_QUANTUM)
     rows = pack_rows([p if p is not None else filler for p in prompts], length=length,
                      pad_id=tokenizer.special.pad, side="left")
     return rows.tokens, rows.mask
