@@ -25,6 +25,7 @@ from stepcredit.models.transformer import (
     init_cache,
     pack_rows,
     positions_from_mask,
+    score_actions,
     score_rows,
     token_logprobs_and_entropy,
 )
@@ -48,6 +49,7 @@ __all__ = [
     "init_cache",
     "pack_rows",
     "positions_from_mask",
+    "score_actions",
     "score_rows",
     "split_words",
     "token_logprobs_and_entropy",

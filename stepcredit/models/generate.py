@@ -115,7 +115,7 @@ def generate(graphdef: nnx.GraphDef, state: nnx.State, prompt_tokens: jax.Array,
 
     done = jnp.zeros((b,), bool)
     key, sub = jax.random.split(key)
-    ids, logp, entropy = _sample(sub, constrain_logits(logits[:, -1], allowed), temperature, done)
+    ids, logp, entropy = _sample(sub, constrain_logits(logits, allowed), temperature, done)
     out_tokens = jnp.full((b, max_new_tokens), pad_id, jnp.int32).at[:, 0].set(ids)
     out_logp = jnp.zeros((b, max_new_tokens), jnp.float32).at[:, 0].set(logp)
     out_entropy = jnp.zeros((b, max_new_tokens), jnp.float32).at[:, 0].set(entropy)
@@ -134,8 +134,7 @@ def generate(graphdef: nnx.GraphDef, state: nnx.State, prompt_tokens: jax.Array,
         logits, _, cache = model.decode(out_tokens[:, i - 1][:, None], positions, attn_mask,
                                         cache, column)
         key, sub = jax.random.split(key)
-        ids, logp, entropy = _sample(sub, constrain_logits(logits[:, 0], allowed), temperature,
-                                     done)
+        ids, logp, entropy = _sample(sub, constrain_logits(logits, allowed), temperature, done)
         out_tokens = out_tokens.at[:, i].set(jnp.where(done, pad_id, ids))
         out_logp = out_logp.at[:, i].set(logp)
         out_entropy = out_entropy.at[:, i].set(entropy)

@@ -179,9 +179,19 @@ class TransformerPolicy(nnx.Module):
                           cache_index)
             new_cache.append(kv)
         h = self.ln_final(x)
-        logits = self.embed.attend(h) if self.lm_head is None else self.lm_head(h)
-        values = self.value_head(h)[..., 0]
-        return logits, values, tuple(new_cache)
+        return h, self.value_head(h)[..., 0], tuple(new_cache)
+
+    def logits(self, hidden: jax.Array) -> jax.Array:
+        """The language-model head: final hidden states `[..., d_model]` to `[..., vocab_size]`."""
+        return self.embed.attend(hidden) if self.lm_head is None else self.lm_head(hidden)
+
+    def hidden(self, tokens: jax.Array, mask: jax.Array) -> tuple[jax.Array, jax.Array]:
+        """Full causal pass without the language-model head: `(hidden [B, L, d], values [B, L])`."""
+        length = tokens.shape[1]
+        causal = jnp.tril(jnp.ones((length, length), dtype=bool))
+        attn_mask = causal[None] & mask.astype(bool)[:, None, :]
+        h, values, _ = self._run(tokens, positions_from_mask(mask), attn_mask, None, 0)
+        return h, values
 
     def __call__(self, tokens: jax.Array, mask: jax.Array,
                  positions: jax.Array | None = None) -> tuple[jax.Array, jax.Array]:
@@ -201,8 +211,8 @@ class TransformerPolicy(nnx.Module):
         length = tokens.shape[1]
         causal = jnp.tril(jnp.ones((length, length), dtype=bool))
         attn_mask = causal[None] & mask.astype(bool)[:, None, :]
-        logits, values, _ = self._run(tokens, positions, attn_mask, None, 0)
-        return logits, values
+        h, values, _ = self._run(tokens, positions, attn_mask, None, 0)
+        return self.logits(h), values
 
     def decode(self, tokens: jax.Array, positions: jax.Array, attn_mask: jax.Array,
                cache: KVCache, cache_index: jax.Array | int
@@ -219,9 +229,12 @@ class TransformerPolicy(nnx.Module):
           cache_index: scalar int, the first cache column written.
 
         Returns:
-          `(logits [B, L, vocab_size], values [B, L], updated cache)`.
+          `(logits [B, vocab_size], values [B, L], updated cache)`: the logits
+          predict the token after the last new one (all a sampler needs; the
+          head is not run on the rest of a prefill).
         """
-        return self._run(tokens, positions, attn_mask, cache, cache_index)
+        h, values, cache = self._run(tokens, positions, attn_mask, cache, cache_index)
+        return self.logits(h[:, -1]), values, cache
 
 
 def positions_from_mask(mask: jax.Array) -> jax.Array:
@@ -372,6 +385,50 @@ def score_rows(graphdef: nnx.GraphDef, state: nnx.State, tokens: jax.Array, mask
     return RowScores(jnp.concatenate([pad, logp], axis=1),
                      jnp.concatenate([pad, entropy], axis=1),
                      jnp.concatenate([pad, shifted_values.astype(jnp.float32)], axis=1))
+
+
+@jax.jit(static_argnums=0, static_argnames=("width", "choice_markers"))
+def score_actions(graphdef: nnx.GraphDef, state: nnx.State, tokens: jax.Array, mask: jax.Array,
+                  action_mask: jax.Array, temperature: float | jax.Array = 1.0, *, width: int,
+                  choice_markers: tuple[int, ...] = ()) -> RowScores:
+    """`score_rows` at the action tokens only: the head runs on `width` positions per row.
+
+    Each row's action tokens must be contiguous and at most `width` long (as
+    step rows are: the prompt, then the sampled ids). The language-model head
+    and the softmax then cost `width` positions per row instead of L, which is
+    most of a row when prompts are long.
+
+    Args:
+      graphdef, state, tokens, mask, temperature, choice_markers: as `score_rows`.
+      action_mask: `[B, L]` bool, true on the action tokens.
+      width: the most action tokens in a row (static).
+
+    Returns:
+      `RowScores` of `[B, L]` arrays: log-probs and entropies equal to
+      `score_rows`'s at the action tokens and 0 elsewhere; values as `score_rows`.
+    """
+    mask, action_mask = mask.astype(bool), action_mask.astype(bool)
+    model = nnx.merge(graphdef, state)
+    hidden, values = model.hidden(tokens, mask)
+    batch, length = tokens.shape
+    wanted = jnp.argmax(action_mask, axis=1)[:, None] + jnp.arange(width)
+    columns = jnp.minimum(wanted, length - 1)
+    is_action = jnp.take_along_axis(action_mask, columns, axis=1) & (wanted < length)
+    # Token n is predicted by the hidden state at n - 1.
+    logits = model.logits(jnp.take_along_axis(hidden, jnp.maximum(columns - 1, 0)[..., None],
+                                              axis=1))
+    if choice_markers:
+        logits = constrain_logits(logits, choice_mask(tokens, mask, choice_markers, logits.shape[-1]))
+    logp, entropy = token_logprobs_and_entropy(logits / temperature,
+                                               jnp.take_along_axis(tokens, columns, axis=1),
+                                               is_action)
+    rows = jnp.broadcast_to(jnp.arange(batch)[:, None], columns.shape)
+    # Clipped duplicate columns carry 0 (is_action is false there), so adding them changes nothing.
+    zeros = jnp.zeros((batch, length), jnp.float32)
+    has_prev = jnp.concatenate([jnp.zeros((batch, 1), bool), mask[:, 1:] & mask[:, :-1]], axis=1)
+    shifted_values = jnp.where(has_prev, jnp.roll(values, 1, axis=1), 0.0)
+    return RowScores(zeros.at[rows, columns].add(logp), zeros.at[rows, columns].add(entropy),
+                     shifted_values.astype(jnp.float32))
 
 
 class StepRows(NamedTuple):

@@ -35,7 +35,7 @@ from stepcredit.credit import compiled_compute_advantages
 from stepcredit.envs import registry as env_registry
 from stepcredit.envs.pool import EnvPool
 from stepcredit.models.tokenizer import WordTokenizer
-from stepcredit.models.transformer import TransformerConfig, TransformerPolicy, score_rows
+from stepcredit.models.transformer import TransformerConfig, TransformerPolicy, score_actions
 from stepcredit.rollout import Rollout, choice_markers, collect
 from stepcredit.train import asynchronous
 from stepcredit.train import update as learner
@@ -95,7 +95,8 @@ def _loss_config(config: TrainConfig, estimator: adv.Estimator,
                                temperature=config.rollout.temperature if
                                config.rollout.temperature > 0 else 1.0,
                                decoupled=loss.decoupled or config.async_mode,
-                               choice_markers=choice_markers(tokenizer, config.rollout))
+                               choice_markers=choice_markers(tokenizer, config.rollout),
+                               action_width=config.rollout.action_length)
 
 
 class Trainer:
@@ -197,8 +198,10 @@ class Trainer:
         """Scores all rows in minibatch-sized chunks (one compiled shape)."""
         m = self.config.minibatch_rows
         parts = [learner.score(params, rows.tokens[i:i + m], rows.mask[i:i + m],
+                               rows.action_mask[i:i + m],
                                jnp.float32(self.loss_config.temperature), graphdef=self.graphdef,
-                               choice_markers=self.loss_config.choice_markers)
+                               choice_markers=self.loss_config.choice_markers,
+                               width=self.loss_config.action_width)
                  for i in range(0, len(rows.tokens), m)]
         return jax.tree.map(lambda *xs: jnp.concatenate(xs), *parts)
 
@@ -228,9 +231,9 @@ class Trainer:
         return (before if config.prm_rewards_from == "pre_update_prm" else after), out
 
     def _score_differentiable(self, params, rows: StepRowBatch):
-        return score_rows(self.graphdef, params, rows.tokens, rows.mask,
-                          self.loss_config.temperature,
-                          choice_markers=self.loss_config.choice_markers).logprobs
+        return score_actions(self.graphdef, params, rows.tokens, rows.mask, rows.action_mask,
+                             self.loss_config.temperature, width=self.loss_config.action_width,
+                             choice_markers=self.loss_config.choice_markers).logprobs
 
     def learn(self, trajectories: list[Trajectory], limit: int) -> dict[str, float]:
         """Credit assignment and `epochs` passes of minibatch updates on one batch."""
@@ -338,7 +341,8 @@ class Trainer:
             self.state["policy"], self.state["opt"], loss = learner.supervised_step(
                 self.state["policy"], self.state["opt"], rows.tokens[chunk], rows.mask[chunk],
                 rows.action_mask[chunk], graphdef=self.graphdef, tx=self.tx,
-                choice_markers=self.loss_config.choice_markers)
+                choice_markers=self.loss_config.choice_markers,
+                width=self.loss_config.action_width)
             losses_seen.append(float(loss))
         # The RL optimizer starts fresh from the warm-started policy.
         self.state["opt"] = self.tx.init(self.state["policy"])

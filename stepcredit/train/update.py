@@ -18,7 +18,7 @@ import optax
 from flax import nnx
 
 from stepcredit import losses
-from stepcredit.models.transformer import score_rows
+from stepcredit.models.transformer import RowScores, score_actions, score_rows
 
 
 @dataclasses.dataclass(frozen=True)
@@ -41,6 +41,9 @@ class LossConfig:
       choice_markers: the policy chooses among the ids that follow these
         markers in each row (the rollout's constrained "choice" format; see
         `stepcredit.models.choice_mask`); () leaves it unconstrained.
+      action_width: the most action tokens in a row; when given, the
+        language-model head runs on the action tokens only
+        (`stepcredit.models.score_actions`); None scores every position.
     """
 
     clip_low: float = 0.2
@@ -59,6 +62,7 @@ class LossConfig:
     entropy_coef: float = 0.0
     temperature: float = 1.0
     choice_markers: tuple[int, ...] = ()
+    action_width: int | None = None
 
     def __post_init__(self):
         # A static jit argument must hash: a list read back from JSON becomes a tuple.
@@ -78,6 +82,14 @@ class Minibatch(NamedTuple):
     old_values: jax.Array
     returns: jax.Array
     value_mask: jax.Array
+
+
+def _row_scores(graphdef, state, tokens, mask, action_mask, temperature, *,
+                choice_markers: tuple[int, ...], width: int | None) -> RowScores:
+    if width:
+        return score_actions(graphdef, state, tokens, mask, action_mask, temperature, width=width,
+                             choice_markers=choice_markers)
+    return score_rows(graphdef, state, tokens, mask, temperature, choice_markers=choice_markers)
 
 
 def _policy_loss(config: LossConfig, logp, batch: Minibatch):
@@ -106,8 +118,9 @@ def _policy_loss(config: LossConfig, logp, batch: Minibatch):
 def total_loss(state: nnx.State, graphdef: nnx.GraphDef, config: LossConfig,
                batch: Minibatch) -> tuple[jax.Array, dict[str, jax.Array]]:
     """Policy loss + value_coef * value loss + kl_coef * KL - entropy_coef * entropy."""
-    scores = score_rows(graphdef, state, batch.tokens, batch.mask, config.temperature,
-                        choice_markers=config.choice_markers)
+    scores = _row_scores(graphdef, state, batch.tokens, batch.mask, batch.action_mask,
+                         config.temperature, choice_markers=config.choice_markers,
+                         width=config.action_width)
     loss, metrics = _policy_loss(config, scores.logprobs, batch)
     metrics = {f"policy/{k}": v for k, v in metrics.items()}
     metrics["loss/policy"] = loss
@@ -139,11 +152,14 @@ def train_step(state: nnx.State, opt_state: Any, batch: Minibatch, *, graphdef: 
     return optax.apply_updates(state, updates), opt_state, metrics
 
 
-@functools.partial(jax.jit, static_argnames=("graphdef", "choice_markers"))
-def score(state: nnx.State, tokens: jax.Array, mask: jax.Array, temperature: jax.Array, *,
-          graphdef: nnx.GraphDef, choice_markers: tuple[int, ...] = ()):
-    """Log-probs, entropies and values of step rows under `state` (no gradient)."""
-    return score_rows(graphdef, state, tokens, mask, temperature, choice_markers=choice_markers)
+@functools.partial(jax.jit, static_argnames=("graphdef", "choice_markers", "width"))
+def score(state: nnx.State, tokens: jax.Array, mask: jax.Array, action_mask: jax.Array,
+          temperature: jax.Array, *, graphdef: nnx.GraphDef,
+          choice_markers: tuple[int, ...] = (), width: int | None = None) -> RowScores:
+    """Log-probs, entropies and values of step rows under `state` (no gradient);
+    with `width`, log-probs and entropies at the action tokens only (0 elsewhere)."""
+    return _row_scores(graphdef, state, tokens, mask, action_mask, temperature,
+                       choice_markers=choice_markers, width=width)
 
 
 @functools.lru_cache(maxsize=None)
@@ -159,19 +175,20 @@ def make_optimizer(*, learning_rate: float, weight_decay: float,
 
 
 def supervised_loss(state: nnx.State, graphdef: nnx.GraphDef, tokens, mask, action_mask,
-                    choice_markers: tuple[int, ...] = ()):
+                    choice_markers: tuple[int, ...] = (), width: int | None = None):
     """Mean negative log-likelihood of the action tokens (the oracle warm start)."""
-    scores = score_rows(graphdef, state, tokens, mask, 1.0, choice_markers=choice_markers)
+    scores = _row_scores(graphdef, state, tokens, mask, action_mask, 1.0,
+                         choice_markers=choice_markers, width=width)
     count = jnp.maximum(jnp.sum(action_mask), 1)
     return -jnp.sum(jnp.where(action_mask, scores.logprobs, 0.0)) / count
 
 
-@functools.partial(jax.jit, static_argnames=("graphdef", "tx", "choice_markers"),
+@functools.partial(jax.jit, static_argnames=("graphdef", "tx", "choice_markers", "width"),
                    donate_argnums=(0, 1))
 def supervised_step(state, opt_state, tokens, mask, action_mask, *, graphdef, tx,
-                    choice_markers: tuple[int, ...] = ()):
+                    choice_markers: tuple[int, ...] = (), width: int | None = None):
     """One optimizer step of `supervised_loss`; returns (state, opt_state, loss)."""
     loss, grads = jax.value_and_grad(supervised_loss)(state, graphdef, tokens, mask, action_mask,
-                                                      choice_markers)
+                                                      choice_markers, width)
     updates, opt_state = tx.update(grads, opt_state, state)
     return optax.apply_updates(state, updates), opt_state, loss

@@ -12,6 +12,7 @@ from stepcredit.models.transformer import (
     count_params,
     forward,
     pack_rows,
+    score_actions,
     score_rows,
     token_logprobs_and_entropy,
 )
@@ -95,6 +96,23 @@ def test_score_rows_aligns_logprobs_and_values_with_the_token_they_belong_to():
         first_real = np.flatnonzero(rows.mask[b])[0]
         assert scores.logprobs[b, first_real] == 0 and scores.values[b, first_real] == 0
         assert np.all(scores.logprobs[b][~rows.mask[b]] == 0)
+
+
+@pytest.mark.parametrize("side,markers", [("right", ()), ("left", ()), ("right", (5, 9))])
+def test_score_actions_equals_score_rows_at_the_action_tokens(side, markers):
+    rows = pack_rows([[5, 6, 7, 8], [9, 10], [3, 4, 5, 6, 7, 8]], [[11, 12, 2], [13, 2], [2]],
+                     length=L, pad_id=0, side=side)
+    full = jax.tree.map(np.asarray, score_rows(GRAPHDEF, STATE, rows.tokens, rows.mask, 0.7,
+                                               choice_markers=markers))
+    fast = jax.tree.map(np.asarray, score_actions(GRAPHDEF, STATE, rows.tokens, rows.mask,
+                                                  rows.action_mask, 0.7, width=3,
+                                                  choice_markers=markers))
+    actions = rows.action_mask
+    np.testing.assert_allclose(fast.logprobs[actions], full.logprobs[actions], rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(fast.entropies[actions], full.entropies[actions], rtol=1e-5,
+                               atol=1e-6)
+    assert np.all(fast.logprobs[~actions] == 0) and np.all(fast.entropies[~actions] == 0)
+    np.testing.assert_allclose(fast.values, full.values, atol=1e-6)
 
 
 def test_policy_prm_and_reference_have_separate_parameters():
