@@ -28,7 +28,8 @@ class TrainConfig:
         `horizon_switch_every` iterations (AgentGym-RL, arXiv 2509.08755).
       rollout: how the policy acts (prompts, sampling, invalid-action penalty).
       loss: the learner's losses (PPO clip, step ratio, critic, KL, entropy).
-      d_model, num_layers, num_heads, mlp_dim: the transformer's size.
+      d_model, num_layers, num_heads, mlp_dim: the transformer's size (mlp_dim None:
+        4 * d_model, the usual ratio).
       learning_rate, weight_decay, grad_clip: AdamW with global-norm clipping.
       epochs: passes over each batch; minibatch_rows: step rows per update.
       prm_learning_rate, prm_beta, prm_rewards_from: iStar's implicit PRM:
@@ -77,7 +78,7 @@ class TrainConfig:
     d_model: int = 128
     num_layers: int = 2
     num_heads: int = 4
-    mlp_dim: int = 512
+    mlp_dim: int | None = None
     learning_rate: float = 3e-4
     weight_decay: float = 0.0
     grad_clip: float = 1.0

@@ -56,7 +56,7 @@ def build_tokenizer(env: str) -> WordTokenizer:
 def model_config(config: TrainConfig, vocab_size: int) -> TransformerConfig:
     return TransformerConfig(vocab_size=vocab_size, d_model=config.d_model,
                              num_layers=config.num_layers, num_heads=config.num_heads,
-                             mlp_dim=config.mlp_dim)
+                             mlp_dim=config.mlp_dim or 4 * config.d_model)
 
 
 def make_env(config: TrainConfig, split: str, max_steps: int | None = None):
