@@ -38,18 +38,22 @@ def test_parsers_reject_malformed_outputs():
         parse_choice("1", None)
 
 
-@pytest.fixture(scope="module")
-def rollout():
+def alfworld_rollout(config: RolloutConfig, seed: int):
+    """A tiny untrained policy plays 2 ALFWorld tasks x 2 rollouts of at most 3 steps."""
     tokenizer = build_tokenizer("alfworld")
     model = TransformerPolicy(TransformerConfig(vocab_size=tokenizer.vocab_size, d_model=32,
                                                 num_layers=1, num_heads=2, mlp_dim=64),
-                              rngs=nnx.Rngs(0))
+                              rngs=nnx.Rngs(seed))
     graphdef, state = nnx.split(model)
-    config = RolloutConfig(max_prompt_tokens=96, max_action_tokens=6)
     envs = [registry.make("alfworld", difficulty=0, max_steps=3) for _ in range(4)]
     with EnvPool(envs) as pool:
         out = collect(graphdef, state, pool, [0, 1], 2, tokenizer, jax.random.key(0), config)
     return graphdef, state, tokenizer, out
+
+
+@pytest.fixture(scope="module")
+def rollout():
+    return alfworld_rollout(RolloutConfig(max_prompt_tokens=96, max_action_tokens=6), seed=0)
 
 
 def test_rollout_records_exact_tokens_and_their_logprobs(rollout):
@@ -87,17 +91,10 @@ def test_live_rollouts_export_to_the_step_row_schema_without_loss(rollout, tmp_p
 
 
 def test_constrained_choice_rollouts_pick_only_admissible_actions():
-    tokenizer = build_tokenizer("alfworld")
-    model = TransformerPolicy(TransformerConfig(vocab_size=tokenizer.vocab_size, d_model=32,
-                                                num_layers=1, num_heads=2, mlp_dim=64),
-                              rngs=nnx.Rngs(1))
-    graphdef, state = nnx.split(model)
     config = RolloutConfig(max_prompt_tokens=192, max_action_tokens=6, action_format="choice")
+    graphdef, state, tokenizer, out = alfworld_rollout(config, seed=1)
     markers = choice_markers(tokenizer, config)
     assert markers and config.action_length == 1
-    envs = [registry.make("alfworld", difficulty=0, max_steps=3) for _ in range(4)]
-    with EnvPool(envs) as pool:
-        out = collect(graphdef, state, pool, [0, 1], 2, tokenizer, jax.random.key(0), config)
     # An untrained policy already acts validly: every sample is one of the numbers on offer.
     assert out.metrics["rollout/invalid_action_rate"] == 0.0
     for trajectory in out.trajectories:
