@@ -75,7 +75,8 @@ def _action_ids(tokenizer: Tokenizer, action: Action) -> list[int]:
 def build_step_prompt(tokenizer: Tokenizer, *, task: str, observation: str,
                       history: Sequence[tuple[str, Action]] = (),
                       admissible_actions: Sequence[str] | None = None,
-                      window: int = 2, max_tokens: int = 512) -> StepPrompt:
+                      window: int = 2, max_tokens: int = 512,
+                      choice_labels: bool = False) -> StepPrompt:
     """Builds one step's prompt ids under a maximum length.
 
     Args:
@@ -90,6 +91,9 @@ def build_step_prompt(tokenizer: Tokenizer, *, task: str, observation: str,
       window: k, the most history pairs shown (0: none, the pure step MDP
         whose state is the current observation).
       max_tokens: the maximum prompt length in tokens.
+      choice_labels: label the k-th admissible action with the tokenizer's
+        choice token `<k>` (`<adm> <1>: go to desk 1 <sep> <2>: look`), so a
+        policy names any action with one token.
 
     Returns:
       A `StepPrompt`.
@@ -108,9 +112,13 @@ def build_step_prompt(tokenizer: Tokenizer, *, task: str, observation: str,
              for obs, action in history[max(len(history) - window, 0):]]
     admissible: list[int] = []
     if admissible_actions is not None:
+        if choice_labels and len(admissible_actions) > len(sp.choices):
+            raise ValueError(f"build_step_prompt: {len(admissible_actions)} admissible actions but "
+                             f"the tokenizer has {len(sp.choices)} choice tokens to label them")
         admissible = [sp.adm]
         for i, action in enumerate(admissible_actions):
-            admissible += ([sp.sep] if i else []) + tokenizer.encode(action)
+            label = [sp.choices[i]] + tokenizer.encode(": ") if choice_labels else []
+            admissible += ([sp.sep] if i else []) + label + tokenizer.encode(action)
 
     minimal = len(prefix) + len(current) + len(suffix)
     if minimal > max_tokens:

@@ -85,9 +85,18 @@ def render_action(action: str, admissible: Sequence[str] | None, action_format: 
     return action
 
 
-def numbered(actions: Sequence[str]) -> list[str]:
-    """Admissible actions as the "choice" format shows them: "1: go to desk 1", ..."""
-    return [f"{i + 1}: {action}" for i, action in enumerate(actions)]
+def action_ids(tokenizer: Tokenizer, action: str, admissible: Sequence[str] | None,
+               action_format: str) -> list[int]:
+    """The ids a policy outputs to take `action` (without `<eoa>`), e.g. for demonstrations.
+
+    Under "choice" that is the one choice token of the action's number (the
+    prompt labels the admissible actions with them); otherwise the encoded
+    `render_action` text.
+    """
+    text = render_action(action, admissible, action_format)
+    if action_format == "choice":
+        return [tokenizer.special.choices[int(text) - 1]]
+    return tokenizer.encode(text)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -103,8 +112,8 @@ class RolloutConfig:
         environment gives them.
       temperature: sampling temperature (<= 0: greedy).
       action_format: "text", "tags" (`<action>...</action>`), "react" (an
-        `Action:` line) or "choice" (the number of an admissible action, which
-        the prompt lists numbered).
+        `Action:` line) or "choice" (the number of an admissible action; the
+        prompt labels the k-th with the tokenizer's choice token `<k>`).
       constrain_choice: with "choice", the policy samples one token from the
         numbers on offer only (action masking over the admissible actions, as
         text-game agents choose among valid actions), so no output is
@@ -135,7 +144,7 @@ class RolloutConfig:
 
     @property
     def constrained(self) -> bool:
-        """True when actions are single tokens drawn from the numbers on offer."""
+        """True when actions are single choice tokens drawn from those on offer."""
         return self.action_format == "choice" and self.constrain_choice
 
     @property
@@ -147,8 +156,8 @@ class RolloutConfig:
 def choice_markers(tokenizer: Tokenizer, config: RolloutConfig) -> tuple[int, ...]:
     """The marker ids that precede choosable ids under `config` (() when unconstrained).
 
-    The prompt lists admissible actions as "<adm> 1: ... <sep> 2: ...", so the
-    ids after `<adm>` and `<sep>` are the numbers on offer.
+    The prompt lists admissible actions as "<adm> <1>: ... <sep> <2>: ...", so the
+    ids after `<adm>` and `<sep>` are the choice tokens on offer.
     """
     return (tokenizer.special.adm, tokenizer.special.sep) if config.constrained else ()
 
@@ -163,14 +172,16 @@ class Rollout(NamedTuple):
 def step_prompt(tokenizer: Tokenizer, config: RolloutConfig, observation: Observation,
                 history: Sequence[tuple[str, Sequence[int]]]):
     """The step's prompt as the policy sees it under `config` (see `build_step_prompt`)."""
+    choice = config.action_format == "choice"
     admissible = observation.admissible_actions
-    if config.action_format == "choice":
-        admissible = numbered(admissible or ())
+    if choice:
+        admissible = admissible or ()
     elif not config.show_admissible:
         admissible = None
     return build_step_prompt(tokenizer, task=observation.task, observation=observation.text,
                              history=history, admissible_actions=admissible,
-                             window=config.history_window, max_tokens=config.max_prompt_tokens)
+                             window=config.history_window, max_tokens=config.max_prompt_tokens,
+                             choice_labels=choice)
 
 
 PROMPT_WIDTH_QUANTUM = 64

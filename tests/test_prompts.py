@@ -121,3 +121,16 @@ def test_unknown_words_are_counted_and_metrics_aggregate():
     assert metrics["prompt/admissible_dropped"] == 0
     with pytest.raises(ValueError, match="window must be >= 0"):
         build_step_prompt(TOK, task=TASK, observation=OBS, window=-1)
+
+
+def test_choice_labels_number_the_admissible_actions_with_one_token_each():
+    prompt = build_step_prompt(TOK, task=TASK, observation=OBS, admissible_actions=ADMISSIBLE,
+                               window=0, max_tokens=512, choice_labels=True)
+    assert _decode(prompt).endswith("<adm>1: take red mug<sep>2: look<sep>3: go to desk<act>")
+    adm = prompt.ids.index(SP.adm)
+    assert prompt.ids[adm + 1] == SP.choices[0]
+    after_sep = [prompt.ids[i + 1] for i, t in enumerate(prompt.ids) if t == SP.sep]
+    assert after_sep == list(SP.choices[1:3])
+    with pytest.raises(ValueError, match="200 admissible actions but the tokenizer has 128"):
+        build_step_prompt(TOK, task=TASK, observation=OBS, admissible_actions=["look"] * 200,
+                          window=0, max_tokens=10_000, choice_labels=True)

@@ -11,8 +11,9 @@ from stepcredit.data import load_trajectories, save_trajectories
 from stepcredit.envs import registry
 from stepcredit.envs.pool import EnvPool
 from stepcredit.models.transformer import TransformerConfig, TransformerPolicy, score_rows
-from stepcredit.rollout import (ActionParseError, RolloutConfig, choice_markers, collect,
-                                parse_choice, parse_react, parse_tags, parse_text, render_action)
+from stepcredit.rollout import (ActionParseError, RolloutConfig, action_ids, choice_markers,
+                                collect, parse_choice, parse_react, parse_tags, parse_text,
+                                render_action)
 from stepcredit.train.trainer import build_tokenizer
 
 ADMISSIBLE = ("go to desk 1", "look", "inventory")
@@ -23,6 +24,15 @@ def test_rendered_actions_parse_back(fmt):
     from stepcredit.rollout import ACTION_PARSERS
     for action in ADMISSIBLE:
         assert ACTION_PARSERS[fmt](render_action(action, ADMISSIBLE, fmt), ADMISSIBLE) == action
+
+
+def test_choice_actions_are_one_choice_token():
+    tokenizer = build_tokenizer("hotpotqa")
+    admissible = [f"search[{i}]" for i in range(30)]
+    ids = action_ids(tokenizer, "search[20]", admissible, "choice")
+    assert ids == [tokenizer.special.choices[20]]
+    assert parse_choice(tokenizer.decode(ids), admissible) == "search[20]"
+    assert action_ids(tokenizer, "look", ["look"], "text") == tokenizer.encode("look")
 
 
 def test_parsers_reject_malformed_outputs():

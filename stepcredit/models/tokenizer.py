@@ -28,6 +28,10 @@ action: generation stops after it), `<unk>`, and the prompt separators `<task>`,
 `<obs>`, `<act>`, `<adm>` (admissible actions follow) and `<sep>` (between
 admissible actions). Text never encodes to a special token: the text `<obs>` is
 the three pieces `< obs >`.
+
+Choice tokens `<1>` ... `<128>` (the last ids) label the items of a numbered list
+of admissible actions, one token per item, so a policy names any item with a
+single token; they decode to their number (`<21>` gives `21`).
 """
 
 from __future__ import annotations
@@ -45,6 +49,8 @@ CAP, UPPER = "<cap>", "<upper>"
 SPECIAL_TOKENS = (PAD, BOS, EOA, UNK, TASK, OBS, ACT, ADM, SEP, CAP, UPPER)
 WHITESPACE_TOKENS = (" ", "\n", "\t", "\r")
 BASE_PIECES = tuple(string.digits) + tuple(string.punctuation)
+MAX_CHOICES = 128
+CHOICE_TOKENS = tuple(f"<{k}>" for k in range(1, MAX_CHOICES + 1))
 
 _FORMAT = "stepcredit-word-tokenizer"
 _VERSION = 1
@@ -66,6 +72,8 @@ class SpecialIds:
       task, obs, act: markers before the task text, an observation and an action.
       adm: marker before the list of admissible actions.
       sep: separator between two admissible actions.
+      choices: the choice tokens `<1>`, `<2>`, ... that label a numbered list's
+        items (empty for a tokenizer without them).
     """
 
     pad: int
@@ -77,6 +85,7 @@ class SpecialIds:
     act: int
     adm: int
     sep: int
+    choices: tuple[int, ...] = ()
 
 
 @runtime_checkable
@@ -125,7 +134,8 @@ class WordTokenizer:
     `split_words`, so `12` or `t-shirt` are fine), save it with `save`, load it
     with `WordTokenizer.load`. Ids: the special tokens first (`<pad>` is 0), then
     the whitespace tokens, then each piece bare and with a leading space, in
-    sorted order, so the same vocabularies always give the same ids.
+    sorted order, then the choice tokens, so the same vocabularies always give
+    the same ids.
     """
 
     def __init__(self, tokens: Sequence[str]):
@@ -142,7 +152,9 @@ class WordTokenizer:
         ids = self._ids
         self._special = SpecialIds(pad=ids[PAD], bos=ids[BOS], eoa=ids[EOA], unk=ids[UNK],
                                    task=ids[TASK], obs=ids[OBS], act=ids[ACT], adm=ids[ADM],
-                                   sep=ids[SEP])
+                                   sep=ids[SEP],
+                                   choices=tuple(ids[t] for t in CHOICE_TOKENS if t in ids))
+        self._choice_text = {ids[t]: str(k) for k, t in enumerate(CHOICE_TOKENS, 1) if t in ids}
         self._cap, self._upper = ids[CAP], ids[UPPER]
         self._num_special = len(SPECIAL_TOKENS)
 
@@ -168,7 +180,7 @@ class WordTokenizer:
         tokens = list(SPECIAL_TOKENS) + list(WHITESPACE_TOKENS)
         for piece in sorted(pieces):
             tokens += [piece, " " + piece]
-        return cls(tokens)
+        return cls(tokens + list(CHOICE_TOKENS))
 
     @property
     def vocab_size(self) -> int:
@@ -265,7 +277,9 @@ class WordTokenizer:
                 case = token_id
                 continue
             token = self._tokens[token_id]
-            if token_id < self._num_special:
+            if token_id in self._choice_text:
+                parts.append(self._choice_text[token_id])
+            elif token_id < self._num_special:
                 if not skip_special:
                     parts.append(token)
             elif case == self._cap:

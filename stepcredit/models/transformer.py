@@ -317,9 +317,9 @@ def choice_mask(tokens: jax.Array, mask: jax.Array, marker_ids: Sequence[int],
                 vocab_size: int) -> jax.Array:
     """The ids a row may choose: those that directly follow one of `marker_ids`.
 
-    A numbered list in a prompt ("<adm> 1 : go to desk 1 <sep> 2 : look") puts
-    each item's number right after a marker, so with markers (<adm>, <sep>)
-    the allowed ids are exactly the numbers on offer. A row without any marker
+    A numbered list in a prompt ("<adm> <1>: go to desk 1 <sep> <2>: look") puts
+    each item's label right after a marker, so with markers (<adm>, <sep>)
+    the allowed ids are exactly the labels on offer. A row without any marker
     (its list was dropped to fit the prompt budget) is left unconstrained.
 
     Args:
@@ -418,7 +418,8 @@ def score_actions(graphdef: nnx.GraphDef, state: nnx.State, tokens: jax.Array, m
     logits = model.logits(jnp.take_along_axis(hidden, jnp.maximum(columns - 1, 0)[..., None],
                                               axis=1))
     if choice_markers:
-        logits = constrain_logits(logits, choice_mask(tokens, mask, choice_markers, logits.shape[-1]))
+        allowed = choice_mask(tokens, mask, choice_markers, logits.shape[-1])
+        logits = constrain_logits(logits, allowed)
     logp, entropy = token_logprobs_and_entropy(logits / temperature,
                                                jnp.take_along_axis(tokens, columns, axis=1),
                                                is_action)

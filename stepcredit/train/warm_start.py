@@ -15,7 +15,7 @@ import numpy as np
 
 from stepcredit.models.tokenizer import Tokenizer
 from stepcredit.models.transformer import pack_rows
-from stepcredit.rollout import RolloutConfig, render_action, step_prompt
+from stepcredit.rollout import RolloutConfig, action_ids, step_prompt
 from stepcredit.train.rows import StepRowBatch
 
 
@@ -31,8 +31,8 @@ def _demonstrations(make_env: Callable, tokenizer: Tokenizer, config: RolloutCon
             while True:
                 action = env.oracle_actions()[0]
                 prompt = step_prompt(tokenizer, config, observation, history)
-                output = render_action(action, observation.admissible_actions, config.action_format)
-                ids = tokenizer.encode(output) + [tokenizer.special.eoa]
+                ids = action_ids(tokenizer, action, observation.admissible_actions,
+                                 config.action_format) + [tokenizer.special.eoa]
                 yield prompt.ids, ids
                 history.append((observation.text, ids))
                 result = env.step(action)

@@ -5,6 +5,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from stepcredit.models.tokenizer import (
+    MAX_CHOICES,
     SPECIAL_TOKENS,
     Tokenizer,
     WordTokenizer,
@@ -112,3 +113,12 @@ def test_special_ids_protocol_and_bad_inputs():
         WordTokenizer.from_vocabularies("red shoes")
     with pytest.raises(ValueError, match="on_unknown"):
         TOK.encode("red", on_unknown="ignore")
+
+
+def test_choice_tokens_label_items_and_decode_to_their_numbers():
+    choices = TOK.special.choices
+    assert len(choices) == MAX_CHOICES and len(set(choices)) == MAX_CHOICES
+    assert choices[-1] == TOK.vocab_size - 1   # last ids: the text pieces keep their ids
+    assert TOK.decode([choices[0], choices[20]], skip_special=True) == "121"
+    assert not set(TOK.encode("<1> <21> 21")) & set(choices)   # text never encodes to them
+    assert WordTokenizer.from_json(TOK.to_json()).special.choices == choices
