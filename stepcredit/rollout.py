@@ -114,9 +114,9 @@ class RolloutConfig:
       action_format: "text", "tags" (`<action>...</action>`), "react" (an
         `Action:` line) or "choice" (the number of an admissible action; the
         prompt labels the k-th with the tokenizer's choice token `<k>`).
-      constrain_choice: with "choice", the policy samples one token from the
-        numbers on offer only (action masking over the admissible actions, as
-        text-game agents choose among valid actions), so no output is
+      constrain_choice: with "choice", the policy samples one token among the
+        choice tokens on offer (action masking over the admissible actions, as
+        text-game agents choose among valid commands), so no output is
         malformed; False lets it emit any tokens, and malformed outputs are
         invalid actions.
       invalid_action_penalty: subtracted from a step's reward when the
@@ -140,7 +140,6 @@ class RolloutConfig:
         if self.max_prompt_tokens < 4 or self.max_action_tokens < 1:
             raise ValueError(f"RolloutConfig: max_prompt_tokens={self.max_prompt_tokens} and "
                              f"max_action_tokens={self.max_action_tokens} are too small")
-
 
     @property
     def constrained(self) -> bool:

@@ -90,9 +90,9 @@ def generate(graphdef: nnx.GraphDef, state: nnx.State, prompt_tokens: jax.Array,
       temperature: T > 0 samples from softmax(logits / T); T <= 0 is greedy
         (argmax), with log-probs and entropies of softmax(logits).
       choice_markers: when given (static), every token is drawn from the ids
-        that follow these markers in the prompt (`choice_mask`: the numbers of
-        a numbered list of admissible actions); `score_rows` with the same
-        markers gives the same log-probs.
+        that follow these markers in the prompt (`choice_mask`: the labels of
+        a list of admissible actions); `score_rows` with the same markers
+        gives the same log-probs.
 
     Returns:
       A `Generation`.

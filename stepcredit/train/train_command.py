@@ -79,7 +79,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "admissible action)")
     parser.add_argument("--free-choice", dest="constrain_choice", action="store_false",
                         help="with --action-format choice, let the policy emit any tokens instead "
-                             "of sampling only among the numbers on offer")
+                             "of sampling only among the choice tokens on offer")
 
 
 def config_from_args(args: argparse.Namespace):

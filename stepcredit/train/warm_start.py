@@ -3,7 +3,8 @@
 Every embedded simulator knows a shortest solution from any state
 (`oracle_actions()`); playing it yields (prompt, action) step rows in exactly
 the format the policy acts in, so a few supervised steps cure the cold start
-of a randomly initialised policy.
+of a randomly initialised policy. The same demonstrations size the prompt
+budget (`fit_prompt_budget`).
 """
 
 from __future__ import annotations
@@ -57,7 +58,7 @@ def demonstration_rows(make_env: Callable, tokenizer: Tokenizer, config: Rollout
 
     Returns:
       A `StepRowBatch` whose action tokens are the oracle's actions plus `<eoa>`
-      (the number alone under the choice constraint).
+      (the choice token alone under the choice constraint).
     """
     prompts, actions = [], []
     for prompt, action in _demonstrations(make_env, tokenizer, config, num_tasks=num_tasks,
@@ -95,5 +96,4 @@ def fit_prompt_budget(make_env: Callable, tokenizer: Tokenizer, config: RolloutC
     unlimited = dataclasses.replace(config, max_prompt_tokens=1 << 20)
     longest = max(len(prompt) for prompt, _ in _demonstrations(
         make_env, tokenizer, unlimited, num_tasks=num_tasks, seed=seed))
-    quantum = PROMPT_BUDGET_QUANTUM
-    return -(-int(longest * headroom) // quantum) * quantum
+    return -(-int(longest * headroom) // PROMPT_BUDGET_QUANTUM) * PROMPT_BUDGET_QUANTUM
