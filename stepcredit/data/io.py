@@ -365,12 +365,12 @@ def _check_reappearance(kind: str, ids: np.ndarray, starts: np.ndarray, seen: _S
     seen.add(hashes)
 
 
-
 def _first_change_within(values: np.ndarray, block: np.ndarray) -> int | None:
     """The first row whose value differs from the previous row of the same block, or None."""
     changes = np.flatnonzero(values[1:] != values[:-1]) + 1
     changes = changes[block[changes] == block[changes - 1]]
     return int(changes[0]) if len(changes) else None
+
 
 def _check_trajectories(table: pa.Table, starts: np.ndarray, start: int) -> None:
     """Checks every (complete) trajectory block of `table` delimited by `starts`."""

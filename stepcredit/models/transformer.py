@@ -185,12 +185,15 @@ class TransformerPolicy(nnx.Module):
         """The language-model head: final hidden states `[..., d_model]` to `[..., vocab_size]`."""
         return self.embed.attend(hidden) if self.lm_head is None else self.lm_head(hidden)
 
-    def hidden(self, tokens: jax.Array, mask: jax.Array) -> tuple[jax.Array, jax.Array]:
-        """Full causal pass without the language-model head: `(hidden [B, L, d], values [B, L])`."""
+    def hidden(self, tokens: jax.Array, mask: jax.Array,
+               positions: jax.Array | None = None) -> tuple[jax.Array, jax.Array]:
+        """`__call__` without the language-model head: `(hidden [B, L, d], values [B, L])`."""
+        if positions is None:
+            positions = positions_from_mask(mask)
         length = tokens.shape[1]
         causal = jnp.tril(jnp.ones((length, length), dtype=bool))
         attn_mask = causal[None] & mask.astype(bool)[:, None, :]
-        h, values, _ = self._run(tokens, positions_from_mask(mask), attn_mask, None, 0)
+        h, values, _ = self._run(tokens, positions, attn_mask, None, 0)
         return h, values
 
     def __call__(self, tokens: jax.Array, mask: jax.Array,
@@ -206,12 +209,7 @@ class TransformerPolicy(nnx.Module):
           `(logits [B, L, vocab_size], values [B, L])`: position n predicts token
           n + 1, and `values[:, n]` is the critic output after token n.
         """
-        if positions is None:
-            positions = positions_from_mask(mask)
-        length = tokens.shape[1]
-        causal = jnp.tril(jnp.ones((length, length), dtype=bool))
-        attn_mask = causal[None] & mask.astype(bool)[:, None, :]
-        h, values, _ = self._run(tokens, positions, attn_mask, None, 0)
+        h, values = self.hidden(tokens, mask, positions)
         return self.logits(h), values
 
     def decode(self, tokens: jax.Array, positions: jax.Array, attn_mask: jax.Array,
@@ -346,6 +344,20 @@ def constrain_logits(logits: jax.Array, allowed: jax.Array) -> jax.Array:
     return jnp.where(allowed, logits, _EXCLUDED_LOGIT)
 
 
+def _has_previous(mask: jax.Array) -> jax.Array:
+    """`[B, L]`: token n and the column before it are real (false in column 0).
+
+    Column n is predicted by column n - 1; with left padding the previous
+    column of a row's first real token is padding.
+    """
+    return jnp.concatenate([jnp.zeros_like(mask[:, :1]), mask[:, 1:] & mask[:, :-1]], axis=1)
+
+
+def _token_values(values: jax.Array, has_prev: jax.Array) -> jax.Array:
+    """V(state before token n): the critic output at column n - 1 (clarification 2), else 0."""
+    return jnp.where(has_prev, jnp.roll(values, 1, axis=1), 0.0).astype(jnp.float32)
+
+
 @jax.jit(static_argnums=0, static_argnames=("choice_markers",))
 def score_rows(graphdef: nnx.GraphDef, state: nnx.State, tokens: jax.Array, mask: jax.Array,
                temperature: float | jax.Array = 1.0,
@@ -375,16 +387,12 @@ def score_rows(graphdef: nnx.GraphDef, state: nnx.State, tokens: jax.Array, mask
     if choice_markers:
         logits = constrain_logits(logits, choice_mask(tokens, mask, choice_markers,
                                                       logits.shape[-1]))
-    # Column n is predicted by column n - 1; with left padding the previous
-    # column of a row's first real token is padding, hence `has_prev`.
-    has_prev = mask[:, 1:] & mask[:, :-1]
+    has_prev = _has_previous(mask)
     logp, entropy = token_logprobs_and_entropy(logits[:, :-1] / temperature, tokens[:, 1:],
-                                               has_prev)
-    shifted_values = jnp.where(has_prev, values[:, :-1], 0.0)
+                                               has_prev[:, 1:])
     pad = jnp.zeros((tokens.shape[0], 1), jnp.float32)
     return RowScores(jnp.concatenate([pad, logp], axis=1),
-                     jnp.concatenate([pad, entropy], axis=1),
-                     jnp.concatenate([pad, shifted_values.astype(jnp.float32)], axis=1))
+                     jnp.concatenate([pad, entropy], axis=1), _token_values(values, has_prev))
 
 
 @jax.jit(static_argnums=0, static_argnames=("width", "choice_markers"))
@@ -426,10 +434,8 @@ def score_actions(graphdef: nnx.GraphDef, state: nnx.State, tokens: jax.Array, m
     rows = jnp.broadcast_to(jnp.arange(batch)[:, None], columns.shape)
     # Clipped duplicate columns carry 0 (is_action is false there), so adding them changes nothing.
     zeros = jnp.zeros((batch, length), jnp.float32)
-    has_prev = jnp.concatenate([jnp.zeros((batch, 1), bool), mask[:, 1:] & mask[:, :-1]], axis=1)
-    shifted_values = jnp.where(has_prev, jnp.roll(values, 1, axis=1), 0.0)
     return RowScores(zeros.at[rows, columns].add(logp), zeros.at[rows, columns].add(entropy),
-                     shifted_values.astype(jnp.float32))
+                     _token_values(values, _has_previous(mask)))
 
 
 class StepRows(NamedTuple):
