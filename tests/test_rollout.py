@@ -105,7 +105,7 @@ def test_constrained_choice_rollouts_pick_only_admissible_actions():
     graphdef, state, tokenizer, out = alfworld_rollout(config, seed=1)
     markers = choice_markers(tokenizer, config)
     assert markers and config.action_length == 1
-    # An untrained policy already acts validly: every sample is one of the numbers on offer.
+    # An untrained policy already acts validly: every sample is one of the choice tokens on offer.
     assert out.metrics["rollout/invalid_action_rate"] == 0.0
     for trajectory in out.trajectories:
         for step in trajectory.steps:

@@ -93,7 +93,8 @@ def test_a_trainer_iteration_on_4_devices_matches_1_device(tmp_path):
         metrics = trainer.iteration(0)
         results.append((trainer.state["policy"], metrics))
     (one, m1), (four, m4) = results
-    for a, b in zip(jax.tree.leaves(one), jax.tree.leaves(four)):  # lr 3e-4: a few near-zero-gradient entries differ by ~2% of a step (see above)
+    # lr 3e-4: a few near-zero-gradient entries differ by ~2% of a step (see above).
+    for a, b in zip(jax.tree.leaves(one), jax.tree.leaves(four)):
         np.testing.assert_allclose(np.asarray(b), np.asarray(a), rtol=1e-5, atol=1e-5)
     for name in ("loss/policy", "loss/value", "loss/total", "optim/grad_norm"):
         np.testing.assert_allclose(m4[name], m1[name], rtol=1e-5, atol=1e-6, err_msg=name)
