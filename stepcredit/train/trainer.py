@@ -482,6 +482,8 @@ class Trainer:
                 self.save()
             done = iteration + 1 - start
             left = (time.perf_counter() - began) / done * (config.iterations - iteration - 1)
+            if config.time_limit_minutes is not None:
+                left = min(left, max(0.0, 60 * config.time_limit_minutes - elapsed))
             bar = "#" * int(20 * (iteration + 1) / config.iterations)
             self.log(f"[{bar:<20}] {iteration + 1}/{config.iterations} "
                      f"success {metrics['rollout/success']:.2f}"

@@ -109,6 +109,15 @@ def test_horizon_curriculum_switches_step_limits(tmp_path):
     assert int(restored(tmp_path).state["stage"]) == 1
 
 
+def test_time_limit_stops_after_the_crossing_iteration_and_checkpoints(tmp_path, capsys):
+    rows = train(tmp_path, "alfworld", "grpo", "--iterations", "5", "--time-limit", "1e-6",
+                 "--checkpoint-every", "10")
+    assert [r["iteration"] for r in rows] == [0]
+    printed = capsys.readouterr().out
+    assert "1/5" in printed and "0.0 min left" in printed and "time limit" in printed
+    assert int(restored(tmp_path).state["iteration"]) == 1
+
+
 def test_kl_reference_and_step_level_ratio_run(tmp_path):
     rows = train(tmp_path, "alfworld", "grpo", "--kl-coef", "0.05", "--step-level-ratio")
     assert_finite(rows)
