@@ -103,6 +103,34 @@ def build_rows(trajectories: Sequence[Trajectory], *, num_steps: int, row_length
                          step_of), RowIndex(index_b, index_n))
 
 
+def length_groups(lengths: np.ndarray, size: int, *, limit: int,
+                  rng: np.random.Generator | None = None) -> list[tuple[np.ndarray, int]]:
+    """Splits rows into chunks of `size` rows of similar length, each with its own width.
+
+    Rows are sorted by length (`[R]`, R a multiple of `size`) and cut into
+    consecutive chunks; a chunk's width is its longest row rounded up to
+    `ROW_WIDTH_QUANTUM` (at most `limit`, the rows' full width). Step prompts
+    vary several-fold in length within a batch, so a chunk cut to its own width
+    costs a fraction of one padded to the batch's longest row. With `rng`,
+    rows of equal length are taken in random order and the chunks are returned
+    shuffled (the minibatches of one epoch); without it the order is fixed.
+
+    Returns:
+      (row indices, width) per chunk; the indices of all chunks partition range(R).
+    """
+    count = len(lengths)
+    if count % size:
+        raise ValueError(f"length_groups: {count} rows is not a multiple of size {size}")
+    order = np.arange(count) if rng is None else rng.permutation(count)
+    order = order[np.argsort(lengths[order], kind="stable")]
+    chunks = [order[start:start + size] for start in range(0, count, size)]
+    if rng is not None:
+        chunks = [chunks[i] for i in rng.permutation(len(chunks))]
+    quantum = ROW_WIDTH_QUANTUM
+    return [(chunk, min(limit, max(quantum, -(-int(lengths[chunk].max()) // quantum) * quantum)))
+            for chunk in chunks]
+
+
 def rows_from_tokens(view, index: RowIndex, action_mask) -> jnp.ndarray:
     """Gathers a `[B, N]` token-view array onto `[R, L]` rows (0 off action tokens)."""
     return jnp.where(action_mask, jnp.asarray(view)[index.b, index.n], 0.0)

@@ -44,7 +44,8 @@ from stepcredit.train.config import TrainConfig
 from stepcredit.train.curriculum import horizon_stage, step_limit
 from stepcredit.train.devices import DataParallel
 from stepcredit.train.metrics import MetricsLogger
-from stepcredit.train.rows import RowIndex, StepRowBatch, build_rows, rows_from_tokens, tokens_from_rows
+from stepcredit.train.rows import (RowIndex, StepRowBatch, build_rows, length_groups,
+                                   rows_from_tokens, tokens_from_rows)
 
 
 def build_tokenizer(env: str) -> WordTokenizer:
@@ -195,15 +196,21 @@ class Trainer:
 
     # ----------------------------------------------------------------- learning
     def _score(self, params, rows: StepRowBatch):
-        """Scores all rows in minibatch-sized chunks (one compiled shape)."""
-        m = self.config.minibatch_rows
-        parts = [learner.score(params, rows.tokens[i:i + m], rows.mask[i:i + m],
-                               rows.action_mask[i:i + m],
-                               jnp.float32(self.loss_config.temperature), graphdef=self.graphdef,
-                               choice_markers=self.loss_config.choice_markers,
-                               width=self.loss_config.action_width)
-                 for i in range(0, len(rows.tokens), m)]
-        return jax.tree.map(lambda *xs: jnp.concatenate(xs), *parts)
+        """Scores all rows in minibatch-sized chunks of similar length (`length_groups`)."""
+        full = rows.tokens.shape[1]
+        parts, order = [], []
+        for chunk, width in length_groups(rows.mask.sum(1), self.config.minibatch_rows,
+                                          limit=full):
+            scores = learner.score(params, rows.tokens[chunk, :width], rows.mask[chunk, :width],
+                                   rows.action_mask[chunk, :width],
+                                   jnp.float32(self.loss_config.temperature),
+                                   graphdef=self.graphdef,
+                                   choice_markers=self.loss_config.choice_markers,
+                                   width=self.loss_config.action_width)
+            parts.append(jax.tree.map(lambda x: jnp.pad(x, ((0, 0), (0, full - width))), scores))
+            order.append(chunk)
+        inverse = np.argsort(np.concatenate(order))
+        return jax.tree.map(lambda *xs: jnp.concatenate(xs)[inverse], *parts)
 
     def _prm_update(self, rows: StepRowBatch, index: RowIndex, tokens, steps, shape):
         """iStar: one preference-loss step on the PRM; returns PRM log-probs in the token view."""
@@ -305,16 +312,14 @@ class Trainer:
     def _epochs(self, data: learner.Minibatch) -> dict[str, float]:
         config = self.config
         m = config.minibatch_rows
-        count = data.tokens.shape[0]
         rng = np.random.default_rng([config.seed, int(self.state["iteration"]), 7])
         history = []
         dp = self.data_parallel
         policy, opt = dp.replicate((self.state["policy"], self.state["opt"]))
+        lengths = np.asarray(data.mask).sum(1)
         for _ in range(config.epochs):
-            order = rng.permutation(count)
-            for start in range(0, count, m):
-                chunk = order[start:start + m]
-                batch = dp.shard(jax.tree.map(lambda x: x[chunk], data))
+            for chunk, width in length_groups(lengths, m, limit=data.tokens.shape[1], rng=rng):
+                batch = dp.shard(jax.tree.map(lambda x: x[chunk, :width], data))
                 policy, opt, metrics = learner.train_step(
                     policy, opt, batch, graphdef=self.graphdef, tx=self.tx,
                     config=self.loss_config)

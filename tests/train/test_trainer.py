@@ -21,6 +21,7 @@ from stepcredit.rollout import RolloutConfig, step_prompt
 from stepcredit.train import update as learner
 from stepcredit.train.config import TrainConfig
 from stepcredit.train.metrics import read_metrics
+from stepcredit.train.rows import build_rows, length_groups
 from stepcredit.train.trainer import Trainer, build_tokenizer, make_env
 from stepcredit.train.warm_start import demonstration_rows, fit_prompt_budget
 
@@ -144,6 +145,28 @@ def test_oracle_warm_start_lowers_the_supervised_loss(tmp_path):
     assert after < 0.8 * before, (before, after)
     assert metrics["warm_start/loss_last"] < metrics["warm_start/loss_first"]
     assert metrics["warm_start/demonstration_rows"] == rows.valid.sum()
+
+
+def test_scoring_in_length_groups_equals_scoring_full_width_rows(tmp_path):
+    config = TrainConfig(env="hotpotqa", iterations=1, tasks_per_iteration=2, group_size=2,
+                         max_steps=3, d_model=32, num_layers=1, minibatch_rows=4, epochs=1,
+                         rollout=RolloutConfig(max_prompt_tokens=320, max_action_tokens=6),
+                         logdir=str(tmp_path))
+    trainer = Trainer(config, log=lambda _: None)
+    rollout = trainer.rollout(trainer.state["policy"], trainer.tasks(0), jax.random.key(1), 3)
+    rows, _ = build_rows(rollout.trajectories, num_steps=3, row_length=trainer.row_length,
+                         pad_id=trainer.tokenizer.special.pad, multiple=4)
+    widths = {w for _, w in length_groups(rows.mask.sum(1), 4, limit=rows.tokens.shape[1])}
+    assert len(widths) > 1, "the rows should differ enough in length to be cut differently"
+    grouped = trainer._score(trainer.state["policy"], rows)
+    full = learner.score(trainer.state["policy"], rows.tokens, rows.mask, rows.action_mask,
+                         np.float32(1.0), graphdef=trainer.graphdef,
+                         choice_markers=trainer.loss_config.choice_markers,
+                         width=trainer.loss_config.action_width)
+    for name in ("logprobs", "entropies", "values"):
+        np.testing.assert_allclose(np.asarray(getattr(grouped, name))[rows.mask],
+                                   np.asarray(getattr(full, name))[rows.mask], rtol=1e-5,
+                                   atol=1e-5, err_msg=name)
 
 
 @pytest.mark.parametrize("env", ["hotpotqa", "webshop"])
