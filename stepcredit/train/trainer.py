@@ -340,12 +340,16 @@ class Trainer:
                                   seed=config.seed, row_length=self.row_length,
                                   multiple=config.minibatch_rows)
         rng = np.random.default_rng([config.seed, 11])
-        m, losses_seen = config.minibatch_rows, []
+        lengths, full = rows.mask.sum(1), rows.tokens.shape[1]
+        chunks, losses_seen = [], []
         for step in range(config.warm_start_steps):
-            chunk = rng.choice(len(rows.tokens), m, replace=len(rows.tokens) < m)
+            if not chunks:  # one pass over the demonstrations in length groups
+                chunks = length_groups(lengths, config.minibatch_rows, limit=full, rng=rng)
+            chunk, width = chunks.pop()
             self.state["policy"], self.state["opt"], loss = learner.supervised_step(
-                self.state["policy"], self.state["opt"], rows.tokens[chunk], rows.mask[chunk],
-                rows.action_mask[chunk], graphdef=self.graphdef, tx=self.tx,
+                self.state["policy"], self.state["opt"], rows.tokens[chunk, :width],
+                rows.mask[chunk, :width], rows.action_mask[chunk, :width],
+                graphdef=self.graphdef, tx=self.tx,
                 choice_markers=self.loss_config.choice_markers,
                 width=self.loss_config.action_width)
             losses_seen.append(float(loss))
