@@ -44,6 +44,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--horizon-switch-every", type=int, default=50)
     parser.add_argument("--warm-start-steps", type=int, default=0,
                         help="supervised steps on oracle demonstrations before RL")
+    parser.add_argument("--warm-start-tasks", type=int, default=64,
+                        help="training tasks whose oracle demonstrations the warm start uses")
     parser.add_argument("--eval-every", type=int, default=0)
     parser.add_argument("--eval-tasks", type=int, default=32)
     parser.add_argument("--checkpoint-every", type=int, default=10)
@@ -99,6 +101,7 @@ def config_from_args(args: argparse.Namespace):
         tasks_per_iteration=args.tasks_per_iteration, group_size=args.group_size, seed=args.seed,
         max_steps=args.max_steps, horizon_schedule=args.horizon_schedule,
         horizon_switch_every=args.horizon_switch_every, warm_start_steps=args.warm_start_steps,
+        warm_start_tasks=args.warm_start_tasks,
         eval_every=args.eval_every, eval_tasks=args.eval_tasks,
         checkpoint_every=args.checkpoint_every, logdir=args.logdir, async_mode=args.async_mode,
         max_staleness=args.max_staleness, time_limit_minutes=args.time_limit,
