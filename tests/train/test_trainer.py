@@ -83,7 +83,8 @@ def test_other_simulators_train(tmp_path, env, estimator):
 
 def test_constrained_choice_format_trains_and_warm_starts(tmp_path):
     rows = train(tmp_path, "alfworld", "step_gae", "--action-format", "choice",
-                 "--max-prompt-tokens", "192", "--warm-start-steps", "2", "--warm-start-tasks", "3")
+                 "--max-prompt-tokens", "192", "--warm-start-steps", "2",
+                 "--warm-start-tasks", "3")
     assert_finite(rows)
     # Sampling only among the choice tokens on offer, even the untrained policy never acts invalidly.
     assert rows[0]["warm_start/loss_last"] > 0 and rows[-1]["rollout/invalid_action_rate"] == 0.0
