@@ -52,6 +52,12 @@ ROW_WIDTH_QUANTUM = 32
 """Row widths are rounded up to a multiple of this, bounding the compiled shapes."""
 
 
+def _row_width(longest: int, limit: int) -> int:
+    """`longest` tokens rounded up to a multiple of `ROW_WIDTH_QUANTUM` (at least one of
+    them), at most `limit`."""
+    return min(limit, max(1, -(-longest // ROW_WIDTH_QUANTUM)) * ROW_WIDTH_QUANTUM)
+
+
 def build_rows(trajectories: Sequence[Trajectory], *, num_steps: int, row_length: int,
                pad_id: int, multiple: int) -> tuple[StepRowBatch, RowIndex]:
     """Packs every step (up to `num_steps` per trajectory) into right-padded rows.
@@ -68,7 +74,7 @@ def build_rows(trajectories: Sequence[Trajectory], *, num_steps: int, row_length
     longest = max((len(step.prompt_ids or ()) + len(step.action_ids) for _, _, step in rows),
                   default=1)
     if longest <= row_length:
-        row_length = min(row_length, -(-longest // ROW_WIDTH_QUANTUM) * ROW_WIDTH_QUANTUM)
+        row_length = _row_width(longest, row_length)
     tokens = np.full((count, row_length), pad_id, np.int32)
     mask = np.zeros((count, row_length), bool)
     action_mask = np.zeros((count, row_length), bool)
@@ -126,9 +132,7 @@ def length_groups(lengths: np.ndarray, size: int, *, limit: int,
     chunks = [order[start:start + size] for start in range(0, count, size)]
     if rng is not None:
         chunks = [chunks[i] for i in rng.permutation(len(chunks))]
-    quantum = ROW_WIDTH_QUANTUM
-    return [(chunk, min(limit, max(quantum, -(-int(lengths[chunk].max()) // quantum) * quantum)))
-            for chunk in chunks]
+    return [(chunk, _row_width(int(lengths[chunk].max()), limit)) for chunk in chunks]
 
 
 def rows_from_tokens(view, index: RowIndex, action_mask) -> jnp.ndarray:
