@@ -7,6 +7,9 @@ Every row is a median over repeated calls after a warm-up call (compile time is
 reported apart); every ratio divides by the memory floor (NumPy copying the
 inputs' bytes) measured in the same loop, interleaved with the row it divides,
 so machine load moves both. Every result is checked against a float64 reference.
+Each implementation gets its inputs in its own array type: NumPy arrays for the
+NumPy loops, CPU tensors for PyTorch, and for the jitted ones (rlax, stepcredit)
+jax arrays already on the device, as a JAX trainer holds them.
 """
 
 from __future__ import annotations
@@ -26,7 +29,7 @@ import numpy as np
 import stepcredit
 from benchmarks import baselines
 from stepcredit.advantages import get, names
-from stepcredit.advantages.recurrence import METHODS
+from stepcredit.advantages.gae import GAE_METHODS
 from tests.reference import empg as empg_ref
 from tests.reference import gae as gae_ref
 from tests.reference import gigpo as gigpo_ref
@@ -95,6 +98,11 @@ def gae_inputs(batch, length, token_level, seed=0):
     return rewards, values, mask, bootstrap
 
 
+def resident(*arrays):
+    """The arrays as jax arrays on the default device (a jitted call then copies nothing in)."""
+    return tuple(jax.device_put(x) for x in arrays)
+
+
 def compiled(fn, *args):
     """`fn` jitted, its compile time (lowering included) and the compiled callable."""
     t0 = time.perf_counter()
@@ -124,21 +132,23 @@ def bench_gae(table, kernel, batch, length, args, methods):
         table.add(kernel, size, "PyTorch per-step loop", seconds, floor_s, loop_s, None,
                   max_error(out[0].numpy(), expected))
     if not token_level:  # rlax has no mask: timed on the same arrays with every step valid
-        dense = [np.nan_to_num(x) for x in (rewards, values)] + [bootstrap]
+        dense = resident(*(np.nan_to_num(x) for x in (rewards, values)), bootstrap)
         fn, compile_s = compiled(functools.partial(baselines.rlax_gae(), gamma=GAMMA, lam=LAM), *dense)
         seconds, floor_s = time_calls(lambda: fn(*dense), floor, **reps)
         full = np.ones_like(mask)
+        expected_dense = gae_ref_vectorised(*(np.asarray(x) for x in dense[:2]), full, bootstrap)[0]
         table.add(kernel, size, "rlax GAE, vmap + jit (no mask)", seconds, floor_s, loop_s, compile_s,
-                  max_error(fn(*dense), gae_ref_vectorised(*dense[:2], full, bootstrap)[0]))
+                  max_error(fn(*dense), expected_dense))
     estimator = get(kernel).fn
+    inputs = resident(rewards, values, mask, bootstrap)
     for method in methods:
         def call(r, v, m, b, method=method):
             return estimator(r, v, m, bootstrap_value=b, gamma=GAMMA, lam=LAM, method=method)
 
-        fn, compile_s = compiled(call, rewards, values, mask, bootstrap)
-        seconds, floor_s = time_calls(lambda: fn(rewards, values, mask, bootstrap), floor, **reps)
+        fn, compile_s = compiled(call, *inputs)
+        seconds, floor_s = time_calls(lambda: fn(*inputs), floor, **reps)
         table.add(kernel, size, f"stepcredit {method}", seconds, floor_s, loop_s, compile_s,
-                  max_error(fn(rewards, values, mask, bootstrap).advantages, expected))
+                  max_error(fn(*inputs).advantages, expected))
 
 
 def gae_ref_vectorised(rewards, values, mask, bootstrap):
@@ -175,30 +185,32 @@ def bench_groups(table, batch, num_groups, steps, args, available):
         expected = baselines.dict_grpo(scores, group_ids)
         loop_s, floor_s = time_calls(lambda: baselines.dict_grpo(scores, group_ids), floor, **reps)
         table.add("grpo", size, "verl dict normalisation", loop_s, floor_s, loop_s, None, 0.0)
-        fn, compile_s = compiled(functools.partial(get("grpo").fn, num_groups=num_groups), scores, group_ids)
-        seconds, floor_s = time_calls(lambda: fn(scores, group_ids), floor, **reps)
+        inputs = resident(scores, group_ids)
+        fn, compile_s = compiled(functools.partial(get("grpo").fn, num_groups=num_groups), *inputs)
+        seconds, floor_s = time_calls(lambda: fn(*inputs), floor, **reps)
         table.add("grpo", size, "stepcredit", seconds, floor_s, loop_s, compile_s,
-                  max_error(fn(scores, group_ids), expected))
+                  max_error(fn(*inputs), expected))
     if "gigpo" in available:
         call = functools.partial(gigpo_ref.gigpo, step_rewards, anchors, group_ids, mask)
         expected = call()
         loop_s, floor_s = time_calls(call, floor, min_seconds=0.0, max_reps=3)
         table.add("gigpo", size, "dict of (group, anchor) loops", loop_s, floor_s, loop_s, None, 0.0)
-        fn, compile_s = compiled(functools.partial(get("gigpo").fn, num_groups=num_groups),
-                                 step_rewards, anchors, group_ids, mask)
-        seconds, floor_s = time_calls(lambda: fn(step_rewards, anchors, group_ids, mask), floor, **reps)
+        inputs = resident(step_rewards, anchors, group_ids, mask)
+        fn, compile_s = compiled(functools.partial(get("gigpo").fn, num_groups=num_groups), *inputs)
+        seconds, floor_s = time_calls(lambda: fn(*inputs), floor, **reps)
         table.add("gigpo", size, "stepcredit", seconds, floor_s, loop_s, compile_s,
-                  max_error(fn(step_rewards, anchors, group_ids, mask), expected))
+                  max_error(fn(*inputs), expected))
     if "empg" in available:
         advantages = np.where(mask, step_rewards, 0.0).astype(np.float32)
         call = functools.partial(empg_ref.empg, advantages, entropy, mask)
         expected = call()
         loop_s, floor_s = time_calls(call, floor, min_seconds=0.0, max_reps=3)
         table.add("empg", size, "per-step Python loop", loop_s, floor_s, loop_s, None, 0.0)
-        fn, compile_s = compiled(get("empg").fn, advantages, entropy, mask)
-        seconds, floor_s = time_calls(lambda: fn(advantages, entropy, mask), floor, **reps)
+        inputs = resident(advantages, entropy, mask)
+        fn, compile_s = compiled(get("empg").fn, *inputs)
+        seconds, floor_s = time_calls(lambda: fn(*inputs), floor, **reps)
         table.add("empg", size, "stepcredit", seconds, floor_s, loop_s, compile_s,
-                  max_error(fn(advantages, entropy, mask), expected))
+                  max_error(fn(*inputs), expected))
 
 
 def machine():
@@ -228,6 +240,8 @@ def write_markdown(table, path, command):
         "(or dictionary) implementation of the same kernel and size. Medians of repeated calls",
         "after warm-up; compile time (lowering and XLA compilation) is apart. `error`: largest",
         "deviation from a float64 reference, relative to the reference's largest magnitude.",
+        "Jitted implementations (rlax, stepcredit) take jax arrays already on the device; the",
+        "loops take NumPy arrays (PyTorch: CPU tensors).",
         "",
         "| kernel | size | implementation | ms | floor ms | x floor | x loop | compile s | error |",
         "|---|---|---|---:|---:|---:|---:|---:|---:|",
@@ -252,7 +266,7 @@ def main(argv=None):
     parser.add_argument("--batch", type=int, default=512)
     parser.add_argument("--lengths", type=int, nargs="+", default=[16, 128, 1024, 8192])
     parser.add_argument("--token-lengths", type=int, nargs="+", default=[1024, 8192, 32768])
-    parser.add_argument("--methods", nargs="+", default=list(METHODS), choices=METHODS)
+    parser.add_argument("--methods", nargs="+", default=list(GAE_METHODS), choices=GAE_METHODS)
     parser.add_argument("--group-batch", type=int, default=4096)
     parser.add_argument("--num-groups", type=int, default=512)
     parser.add_argument("--seconds", type=float, default=1.0, help="time spent per row, at least")

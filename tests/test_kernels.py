@@ -13,6 +13,7 @@ import pytest
 from jax.sharding import PartitionSpec as P
 
 from stepcredit.advantages import reverse_linear_recurrence, step_gae, token_gae
+from stepcredit.advantages.gae import GAE_METHODS
 from stepcredit.advantages.recurrence import _BLOCK, METHODS
 from tests.reference import gae as ref
 
@@ -76,7 +77,7 @@ def test_long_products_underflow_without_nan(method):
     assert_close(out, reference_recurrence(x, c, np.array([1e30, 0.0])), 1e-6)
 
 
-@pytest.mark.parametrize("method", METHODS)
+@pytest.mark.parametrize("method", GAE_METHODS)
 @pytest.mark.parametrize("length", LENGTHS)
 def test_gae_methods_match_numpy_loop_on_odd_shapes(length, method):
     # step_gae and token_gae share the kernel: one of them per shape keeps compiles few.
@@ -91,7 +92,7 @@ def test_gae_methods_match_numpy_loop_on_odd_shapes(length, method):
     assert np.all(np.asarray(out.advantages)[0] == 0)  # the all-masked row
 
 
-@pytest.mark.parametrize("method", METHODS)
+@pytest.mark.parametrize("method", GAE_METHODS)
 @pytest.mark.parametrize("gamma, lam", [(1.0, 1.0), (0.9, 0.0), (0.0, 0.5)])
 def test_gae_methods_at_extreme_hyperparameters(method, gamma, lam):
     rewards, values, mask, bootstrap = odd_batch(9, 75)
@@ -101,7 +102,7 @@ def test_gae_methods_at_extreme_hyperparameters(method, gamma, lam):
     assert_close(out.advantages, expected_adv, 1e-4 if gamma == lam == 1 else 1e-5)
 
 
-@pytest.mark.parametrize("method", METHODS)
+@pytest.mark.parametrize("method", GAE_METHODS)
 def test_gae_methods_under_vmap_and_shard_map(mesh4, method):
     rewards, values, mask, bootstrap = odd_batch(3, 75)
     fn = functools.partial(step_gae, gamma=GAMMA, lam=LAM, method=method)
@@ -120,6 +121,6 @@ def test_gae_methods_under_vmap_and_shard_map(mesh4, method):
 def test_methods_agree_with_each_other_to_float32_rounding():
     rewards, values, mask, bootstrap = odd_batch(5, 200)
     outs = [token_gae(rewards, values, mask, gamma=GAMMA, lam=LAM, bootstrap_value=bootstrap,
-                      method=method).advantages for method in METHODS]
+                      method=method).advantages for method in GAE_METHODS]
     for out in outs[1:]:
         assert_close(out, outs[0], 1e-6)

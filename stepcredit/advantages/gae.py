@@ -12,13 +12,17 @@ NaN included, because they are only ever read through `jnp.where`.
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from typing import Literal, NamedTuple
 
 import jax
 import jax.numpy as jnp
 
-from stepcredit.advantages import _checks
-from stepcredit.advantages.recurrence import Method, reverse_linear_recurrence
+from stepcredit.advantages import _checks, native
+from stepcredit.advantages.recurrence import METHODS, Method, reverse_linear_recurrence
+
+GaeMethod = Literal["sequential", "chunked", "associative", "native"]
+# "native" exists for GAE only: a compiled kernel of the whole masked recursion.
+GAE_METHODS = (*METHODS, "native")
 
 
 class AdvantagesAndReturns(NamedTuple):
@@ -61,7 +65,23 @@ def _next_valid(x: jax.Array, mask: jax.Array, after_last: jax.Array, method: Me
     return jnp.concatenate([carried[:, 1:], after_last[:, None]], axis=1)
 
 
-def _masked_gae(rewards, values, mask, bootstrap_value, gamma, lam, method):
+def _masked_gae(fn, rewards, values, mask, bootstrap_value, gamma, lam, method):
+    if method not in GAE_METHODS:
+        raise ValueError(f"{fn}: method={method!r}; expected one of {GAE_METHODS}")
+    if method != "native":
+        return _scan_gae(rewards, values, mask, bootstrap_value, gamma, lam, method)
+
+    def on_cpu(*arrays):
+        return AdvantagesAndReturns(*native.masked_gae(*arrays, gamma=gamma, lam=lam))
+
+    def elsewhere(*arrays):
+        return _scan_gae(*arrays, gamma, lam, "sequential")
+
+    return jax.lax.platform_dependent(rewards, values, mask, bootstrap_value,
+                                      cpu=on_cpu, default=elsewhere)
+
+
+def _scan_gae(rewards, values, mask, bootstrap_value, gamma, lam, method):
     # One recurrence instead of two (next valid value, then advantage): with
     # z_t = gamma V_t + gamma lam A_t at valid t, carried through masked t,
     #     A_t = r_t - V_t + z_{next(t)}
@@ -79,7 +99,7 @@ def _masked_gae(rewards, values, mask, bootstrap_value, gamma, lam, method):
 
 
 def step_gae(rewards, values, mask, *, gamma: float = 1.0, lam: float = 1.0,
-             bootstrap_value=None, method: Method = "sequential") -> AdvantagesAndReturns:
+             bootstrap_value=None, method: GaeMethod = "sequential") -> AdvantagesAndReturns:
     """Step-level GAE: one advantage per agent step (StepPO's critic-based credit).
 
     With V_{T} = `bootstrap_value` after a trajectory's last valid step:
@@ -103,8 +123,11 @@ def step_gae(rewards, values, mask, *, gamma: float = 1.0, lam: float = 1.0,
       bootstrap_value: `[B]` value after the last valid step: V(s_next) when the
         trajectory was truncated, 0 when it terminated. None means 0.
       method: "sequential" (`lax.scan`), "chunked" (blocks solved by vectorised
-        doubling, recursively) or "associative" (`lax.associative_scan`); see
-        `reverse_linear_recurrence`.
+        doubling, recursively) or "associative" (`lax.associative_scan`), see
+        `reverse_linear_recurrence`; or "native", a compiled CPU kernel of the
+        whole recursion (`stepcredit.advantages.native`: float32, gamma and lam
+        known when tracing, built with the system C++ compiler on first use, the
+        fastest on CPU; other backends run "sequential" instead).
 
     Returns:
       `AdvantagesAndReturns` of `[B, T]` arrays, 0 at masked steps.
@@ -146,11 +169,11 @@ def step_gae(rewards, values, mask, *, gamma: float = 1.0, lam: float = 1.0,
     """
     rewards, values, mask, bootstrap_value = _check_inputs(
         "step_gae", rewards, values, mask, bootstrap_value, gamma=gamma, lam=lam)
-    return _masked_gae(rewards, values, mask, bootstrap_value, gamma, lam, method)
+    return _masked_gae("step_gae", rewards, values, mask, bootstrap_value, gamma, lam, method)
 
 
 def token_gae(rewards, values, mask, *, gamma: float, lam: float, bootstrap_value=None,
-              method: Method = "sequential") -> AdvantagesAndReturns:
+              method: GaeMethod = "sequential") -> AdvantagesAndReturns:
     """Token-level GAE along a trajectory's tokens, skipping non-action tokens.
 
     The recursion of `step_gae` with one time step per token: for action
@@ -176,7 +199,7 @@ def token_gae(rewards, values, mask, *, gamma: float, lam: float, bootstrap_valu
       lam: GAE lambda in [0, 1] (verl's default is 1).
       bootstrap_value: `[B]` value after the last action token (0 when the
         episode terminated; None means 0).
-      method: "sequential", "chunked" or "associative" (as `step_gae`).
+      method: "sequential", "chunked", "associative" or "native" (as `step_gae`).
 
     Returns:
       `AdvantagesAndReturns` of `[B, N]` arrays, 0 where mask is False.
@@ -195,7 +218,7 @@ def token_gae(rewards, values, mask, *, gamma: float, lam: float, bootstrap_valu
     """
     rewards, values, mask, bootstrap_value = _check_inputs(
         "token_gae", rewards, values, mask, bootstrap_value, gamma=gamma, lam=lam)
-    return _masked_gae(rewards, values, mask, bootstrap_value, gamma, lam, method)
+    return _masked_gae("token_gae", rewards, values, mask, bootstrap_value, gamma, lam, method)
 
 
 def lambda_returns(rewards, values, mask, *, gamma: float, lam: float, bootstrap_value=None,
