@@ -29,6 +29,7 @@ namespace {
 typedef float f32x8 __attribute__((vector_size(32)));
 typedef int32_t i32x8 __attribute__((vector_size(32)));
 typedef uint8_t u8x8 __attribute__((vector_size(8)));
+typedef int8_t i8x8 __attribute__((vector_size(8)));
 
 constexpr int kLanes = 8;
 constexpr int kRows = 2;
@@ -79,7 +80,9 @@ inline void Block(Row& row, int64_t t, const Coefficients& k) {
   std::memcpy(&r, row.rewards + t, sizeof r);
   std::memcpy(&v, row.values + t, sizeof v);
   std::memcpy(&mask_bytes, row.mask + t, sizeof mask_bytes);
-  const i32x8 valid = __builtin_convertvector(mask_bytes, i32x8) != 0;
+  // Compare bytes, then widen: GCC turns this order into one sign extension,
+  // and the opposite order into eight scalar inserts.
+  const i32x8 valid = __builtin_convertvector((i8x8)(mask_bytes != 0), i32x8);
   // After the doubling, x_k + c_k z solves the block from lane k to its end.
   f32x8 x = Keep(valid, k.decay * r + k.value_weight * v);
   f32x8 c = valid ? k.decay + zeros : ones;
