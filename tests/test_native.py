@@ -3,12 +3,14 @@
 Its numbers are checked with every other method in test_kernels.py.
 """
 
+import functools
 import os
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from jax.sharding import PartitionSpec as P
 
 from stepcredit.advantages import native, step_gae, token_gae
 from tests.reference import gae as ref
@@ -37,21 +39,65 @@ def test_outputs_above_the_huge_page_threshold():
     assert_close(out.returns, expected_ret)
 
 
-def test_traced_gamma_is_refused_with_its_name():
+def lowered_text(fn, *args) -> str:
+    return jax.jit(fn).lower(*args).as_text()
+
+
+def test_traced_gamma_runs_the_scan():
     rewards, values, mask, bootstrap = odd_batch(1, 9)
 
-    @jax.jit
-    def traced(gamma):
-        return step_gae(rewards, values, mask, gamma=gamma, lam=LAM, method="native")
+    def traced(gamma, method):
+        return step_gae(rewards, values, mask, gamma=gamma, lam=LAM, bootstrap_value=bootstrap,
+                        method=method).advantages
 
-    with pytest.raises(TypeError, match="needs gamma as a number known when tracing"):
-        traced(0.9)
+    native_fn = functools.partial(traced, method="native")
+    assert native._TARGET not in lowered_text(native_fn, 0.9)
+    np.testing.assert_array_equal(jax.jit(native_fn)(0.9),
+                                  jax.jit(functools.partial(traced, method="sequential"))(0.9))
 
 
-def test_non_float32_inputs_are_refused_with_their_name():
+def test_bfloat16_runs_the_scan_and_the_kernel_itself_refuses_it():
     rewards, values, mask, bootstrap = odd_batch(1, 9)
-    with pytest.raises(TypeError, match="rewards has dtype bfloat16"):
-        native_advantages(jnp.asarray(rewards, jnp.bfloat16), values, mask, bootstrap)
+    low = [jnp.asarray(x, jnp.bfloat16) for x in (rewards, values, bootstrap)]
+    out = {method: step_gae(low[0], low[1], mask, gamma=GAMMA, lam=LAM, bootstrap_value=low[2],
+                            method=method).advantages for method in ("native", "sequential")}
+    np.testing.assert_array_equal(np.asarray(out["native"], np.float32),
+                                  np.asarray(out["sequential"], np.float32))
+    with pytest.raises(TypeError, match="float32 arrays .got bfloat16"):
+        native.masked_gae(low[0], low[1], jnp.asarray(mask), low[2], gamma=GAMMA, lam=LAM)
+
+
+def test_a_failed_build_warns_and_runs_the_scan(monkeypatch):
+    monkeypatch.setattr(native, "build_error", lambda: "no compiler here")
+    rewards, values, mask, bootstrap = odd_batch(2, 9)
+    with pytest.warns(UserWarning, match="step_gae: running the sequential scan instead: no comp"):
+        out = native_advantages(rewards, values, mask, bootstrap)
+    expected, _ = ref.gae(rewards, values, mask, GAMMA, LAM, bootstrap)
+    assert_close(out, expected)
+
+
+def test_odd_row_counts_and_empty_rows():
+    rewards, values, mask, bootstrap = odd_batch(4, 75)
+    odd = [x[:7] for x in (rewards, values, mask, bootstrap)]  # one row outside the row pairs
+    expected, _ = ref.gae(*odd[:3], GAMMA, LAM, odd[3])
+    assert_close(native_advantages(*odd), expected)
+    empty = [x[:, :0] for x in (rewards, values, mask)]
+    assert native_advantages(*empty, bootstrap).shape == (8, 0)
+
+
+def test_shard_map_with_a_mask_made_inside(mesh4):
+    # A mask built from constants inside shard_map varies over no mesh axis while
+    # the sharded rewards do: the custom call needs its operands aligned.
+    rewards, values, _, bootstrap = odd_batch(6, 75)
+    mask = np.ones_like(rewards, bool)
+    expected, _ = ref.gae(rewards, values, mask, GAMMA, LAM, bootstrap)
+
+    def per_shard(r, v, b):
+        return native_advantages(r, v, jnp.ones(r.shape, bool), b)
+
+    sharded = jax.jit(jax.shard_map(per_shard, mesh=mesh4, in_specs=P("data"),
+                                    out_specs=P("data")))
+    assert_close(sharded(rewards, values, bootstrap), expected)
 
 
 def test_unknown_method_names_the_function_and_the_choices():
@@ -103,3 +149,10 @@ def test_failed_compile_reports_the_compiler_output_and_caches_nothing(fresh_cac
     with pytest.raises(native.NativeBuildError, match="false failed to compile"):
         native.library_path()
     assert os.listdir(fresh_cache) == []
+
+
+def test_unwritable_cache_is_a_clear_error(fresh_cache, monkeypatch):
+    (fresh_cache / "a-file").write_text("")
+    monkeypatch.setenv("STEPCREDIT_NATIVE_CACHE", str(fresh_cache / "a-file" / "native"))
+    with pytest.raises(native.NativeBuildError, match="cannot write to the kernel cache"):
+        native.library_path()

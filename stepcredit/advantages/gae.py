@@ -12,6 +12,7 @@ NaN included, because they are only ever read through `jnp.where`.
 
 from __future__ import annotations
 
+import warnings
 from typing import Literal, NamedTuple
 
 import jax
@@ -71,7 +72,14 @@ def _masked_gae(fn, rewards, values, mask, bootstrap_value, gamma, lam, method):
     if method != "native":
         return _scan_gae(rewards, values, mask, bootstrap_value, gamma, lam, method)
 
-    def on_cpu(*arrays):
+    def on_cpu(rewards, values, mask, bootstrap_value):
+        arrays = (rewards, values, mask, bootstrap_value)
+        if not native.supports(rewards, values, bootstrap_value, gamma, lam):
+            return _scan_gae(*arrays, gamma, lam, "sequential")
+        error = native.build_error()
+        if error:
+            warnings.warn(f"{fn}: running the sequential scan instead: {error}")
+            return _scan_gae(*arrays, gamma, lam, "sequential")
         return AdvantagesAndReturns(*native.masked_gae(*arrays, gamma=gamma, lam=lam))
 
     def elsewhere(*arrays):
@@ -125,9 +133,10 @@ def step_gae(rewards, values, mask, *, gamma: float = 1.0, lam: float = 1.0,
       method: "sequential" (`lax.scan`), "chunked" (blocks solved by vectorised
         doubling, recursively) or "associative" (`lax.associative_scan`), see
         `reverse_linear_recurrence`; or "native", a compiled CPU kernel of the
-        whole recursion (`stepcredit.advantages.native`: float32, gamma and lam
-        known when tracing, built with the system C++ compiler on first use, the
-        fastest on CPU; other backends run "sequential" instead).
+        whole recursion (`stepcredit.advantages.native`, built with the system
+        C++ compiler on first use; the fastest on CPU), which runs "sequential"
+        instead on other backends, for dtypes other than float32 and for gamma
+        or lam traced under `jit`.
 
     Returns:
       `AdvantagesAndReturns` of `[B, T]` arrays, 0 at masked steps.

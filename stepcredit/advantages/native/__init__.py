@@ -14,8 +14,10 @@ keyed by the source, the flags, the jax version and the CPU, so a cached library
 never runs on a CPU it was not built for.
 
 The kernel is float32 and CPU-only: `step_gae(..., method="native")` lowers to it
-on CPU and to the sequential scan on other backends. It has no derivative
-(advantages and returns are regression and policy-gradient targets).
+on CPU and to the sequential scan on other backends, for other dtypes, for gamma
+or lam traced under `jit`, and (with a warning) where the kernel cannot be built.
+It has no derivative (advantages and returns are regression and policy-gradient
+targets).
 """
 
 from __future__ import annotations
@@ -23,8 +25,10 @@ from __future__ import annotations
 import ctypes
 import functools
 import hashlib
+import importlib.metadata
 import os
 import platform
+import shlex
 import subprocess
 import tempfile
 
@@ -65,29 +69,35 @@ def library_path() -> str:
     The library is written to a temporary name and renamed into place, so a build
     interrupted halfway never leaves a broken library behind the cache key.
     """
-    compiler = os.environ.get("CXX", "c++")
+    compiler = shlex.split(os.environ.get("CXX", "c++"))
     flags = (*_FLAGS, "-I", jax.ffi.include_dir())
     with open(_SOURCE, "rb") as f:
         source = f.read()
-    key = hashlib.sha256(source + repr((compiler, flags, jax.__version__,
+    versions = (jax.__version__, importlib.metadata.version("jaxlib"))
+    key = hashlib.sha256(source + repr((compiler, flags, versions,
                                         _cpu_identity())).encode()).hexdigest()[:16]
     directory = cache_dir()
     path = os.path.join(directory, f"masked_gae-{key}.so")
     if os.path.exists(path):
         return path
-    os.makedirs(directory, exist_ok=True)
-    fd, partial = tempfile.mkstemp(suffix=".so.partial", dir=directory)
+    try:
+        os.makedirs(directory, exist_ok=True)
+        fd, partial = tempfile.mkstemp(suffix=".so.partial", dir=directory)
+    except OSError as e:
+        raise NativeBuildError(f"method='native': cannot write to the kernel cache {directory!r} "
+                               f"({e}); set STEPCREDIT_NATIVE_CACHE to a writable directory") from e
     os.close(fd)
     try:
         try:
-            build = subprocess.run([compiler, *flags, _SOURCE, "-o", partial],
+            build = subprocess.run([*compiler, *flags, _SOURCE, "-o", partial],
                                    capture_output=True, text=True)
         except FileNotFoundError as e:
             raise NativeBuildError(
-                f"method='native': no C++ compiler {compiler!r} (set CXX); "
+                f"method='native': no C++ compiler {compiler[0]!r} (set CXX); "
                 "method='sequential' computes the same without one") from e
         if build.returncode != 0:
-            raise NativeBuildError(f"method='native': {compiler} failed to compile {_SOURCE}:\n"
+            raise NativeBuildError(f"method='native': {shlex.join(compiler)} failed to compile "
+                                   f"{_SOURCE}:\n"
                                    f"{build.stderr[-2000:]}")
         os.replace(partial, path)
     finally:
@@ -103,12 +113,26 @@ def _register() -> None:
                                 platform="cpu")
 
 
-def _python_float(fn: str, name: str, x) -> float:
+def build_error() -> str | None:
+    """None once the kernel is built and registered in this process, else why it could not be."""
     try:
-        return float(x)
-    except jax.errors.ConcretizationTypeError as e:
-        raise TypeError(f"{fn}: method='native' needs {name} as a number known when tracing "
-                        f"(it is compiled into the kernel call), not a traced value") from e
+        _register()
+    except NativeBuildError as e:
+        return str(e)
+    return None
+
+
+def supports(rewards: jax.Array, values: jax.Array, bootstrap_value: jax.Array, gamma,
+             lam) -> bool:
+    """Whether the kernel takes these arguments: float32 arrays, gamma and lam known when tracing."""
+    arrays = (rewards, values, bootstrap_value)
+    return (all(x.dtype == jnp.float32 for x in arrays)
+            and not any(isinstance(h, jax.core.Tracer) for h in (gamma, lam)))
+
+
+def _vary_over(x: jax.Array, axes: frozenset) -> jax.Array:
+    missing = tuple(sorted(axes - jax.typeof(x).manual_axis_type.varying))
+    return jax.lax.pcast(x, missing, to="varying") if missing else x
 
 
 def masked_gae(rewards: jax.Array, values: jax.Array, mask: jax.Array,
@@ -117,7 +141,8 @@ def masked_gae(rewards: jax.Array, values: jax.Array, mask: jax.Array,
     """Masked GAE advantages and returns, `[B, T]` each, by the compiled CPU kernel.
 
     The recursion and conventions of `step_gae` (masked positions skipped and set to
-    0; `bootstrap_value` after each row's last valid step), already checked by it:
+    0; `bootstrap_value` after each row's last valid step), whose boundary checks
+    the arguments have passed:
 
         A_t = r_t + gamma V_{next(t)} - V_t + gamma lam A_{next(t)},   R_t = A_t + V_t
 
@@ -126,28 +151,30 @@ def masked_gae(rewards: jax.Array, values: jax.Array, mask: jax.Array,
       values: `[B, T]` float32.
       mask: `[B, T]` bool.
       bootstrap_value: `[B]` float32.
-      gamma: discount, a Python number (not traced).
-      lam: GAE lambda, a Python number (not traced).
+      gamma: discount, known when tracing (not a traced value).
+      lam: GAE lambda, known when tracing.
 
     Returns:
       `(advantages, returns)`, `[B, T]` float32 each.
 
+    Raises:
+      TypeError: arguments the kernel does not take (see `supports`).
+      NativeBuildError: the kernel could not be built.
+
     References:
       Schulman et al., arXiv 1506.02438; StepPO, arXiv 2604.18401.
     """
-    fn = "masked_gae"
-    for name, x in (("rewards", rewards), ("values", values), ("bootstrap_value", bootstrap_value)):
-        if x.dtype != jnp.float32:
-            raise TypeError(f"{fn}: method='native' computes in float32; {name} has dtype "
-                            f"{x.dtype} (use method='sequential' for other dtypes)")
-    gamma, lam = _python_float(fn, "gamma", gamma), _python_float(fn, "lam", lam)
+    if not supports(rewards, values, bootstrap_value, gamma, lam):
+        raise TypeError(f"masked_gae: the kernel takes float32 arrays (got {rewards.dtype}, "
+                        f"{values.dtype}, {bootstrap_value.dtype}) and gamma and lam known "
+                        "when tracing (got traced values)")
     _register()
+    # Inside shard_map, a custom call needs every operand to vary over the same mesh
+    # axes; its outputs then vary over them too.
+    varying = frozenset().union(*(jax.typeof(x).manual_axis_type.varying
+                                  for x in (rewards, values, mask, bootstrap_value)))
+    operands = [_vary_over(x, varying) for x in (rewards, values, mask, bootstrap_value)]
     out = jax.ShapeDtypeStruct(rewards.shape, rewards.dtype)
     call = jax.ffi.ffi_call(_TARGET, (out, out), vmap_method="broadcast_all")
-    advantages, returns = call(rewards, values, mask, bootstrap_value,
-                               gamma=np.float32(gamma), lam=np.float32(lam))
-    # Inside shard_map the outputs vary over the mesh axes the inputs vary over.
-    varying = tuple(sorted(jax.typeof(rewards).manual_axis_type.varying))
-    if varying:
-        advantages, returns = jax.lax.pcast((advantages, returns), varying, to="varying")
-    return advantages, returns
+    advantages, returns = call(*operands, gamma=np.float32(gamma), lam=np.float32(lam))
+    return _vary_over(advantages, varying), _vary_over(returns, varying)

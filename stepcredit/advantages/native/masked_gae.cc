@@ -47,15 +47,16 @@ struct Row {
   float z;
 };
 
-// Lane k of the result is lane k + shift of `a`, `fill` past the last lane.
-inline f32x8 ShiftDown1(f32x8 a, f32x8 fill) {
-  return __builtin_shufflevector(a, fill, 1, 2, 3, 4, 5, 6, 7, 8);
-}
-inline f32x8 ShiftDown2(f32x8 a, f32x8 fill) {
-  return __builtin_shufflevector(a, fill, 2, 3, 4, 5, 6, 7, 8, 9);
-}
-inline f32x8 ShiftDown4(f32x8 a, f32x8 fill) {
-  return __builtin_shufflevector(a, fill, 4, 5, 6, 7, 8, 9, 10, 11);
+// Lane k of the result is lane k + S of `a`, `fill` past the last lane.
+// (__builtin_shufflevector is clang's and GCC >= 12's; older GCC has __builtin_shuffle.)
+template <int S>
+inline f32x8 ShiftDown(f32x8 a, f32x8 fill) {
+#if defined(__clang__) || __GNUC__ >= 12
+  return __builtin_shufflevector(a, fill, S, S + 1, S + 2, S + 3, S + 4, S + 5, S + 6, S + 7);
+#else
+  const i32x8 lanes = {S, S + 1, S + 2, S + 3, S + 4, S + 5, S + 6, S + 7};
+  return __builtin_shuffle(a, fill, lanes);
+#endif
 }
 inline f32x8 Keep(i32x8 valid, f32x8 a) { return (f32x8)(valid & (i32x8)a); }
 
@@ -86,14 +87,14 @@ inline void Block(Row& row, int64_t t, const Coefficients& k) {
   // After the doubling, x_k + c_k z solves the block from lane k to its end.
   f32x8 x = Keep(valid, k.decay * r + k.value_weight * v);
   f32x8 c = valid ? k.decay + zeros : ones;
-  x += c * ShiftDown1(x, zeros);
-  c *= ShiftDown1(c, ones);
-  x += c * ShiftDown2(x, zeros);
-  c *= ShiftDown2(c, ones);
-  x += c * ShiftDown4(x, zeros);
-  c *= ShiftDown4(c, ones);
+  x += c * ShiftDown<1>(x, zeros);
+  c *= ShiftDown<1>(c, ones);
+  x += c * ShiftDown<2>(x, zeros);
+  c *= ShiftDown<2>(c, ones);
+  x += c * ShiftDown<4>(x, zeros);
+  c *= ShiftDown<4>(c, ones);
   const f32x8 z = x + c * row.z;
-  const f32x8 z_next = ShiftDown1(z, zeros + row.z);
+  const f32x8 z_next = ShiftDown<1>(z, zeros + row.z);
   const f32x8 advantages = Keep(valid, r - v + z_next);
   const f32x8 returns = Keep(valid, r + z_next);
   std::memcpy(row.advantages + t, &advantages, sizeof advantages);
@@ -132,10 +133,10 @@ ffi::Error MaskedGae(ffi::Buffer<ffi::F32> rewards, ffi::Buffer<ffi::F32> values
   const auto dims = rewards.dimensions();
   if (dims.size() == 0) return ffi::Error::InvalidArgument("masked_gae: rewards must be [..., T]");
   const int64_t length = dims.back();
-  const int64_t num_rows = length ? rewards.element_count() / length : 0;
-  if (values.element_count() != rewards.element_count() ||
-      mask.element_count() != rewards.element_count() ||
-      bootstrap_value.element_count() != num_rows) {
+  const int64_t num_rows = bootstrap_value.element_count();
+  if (rewards.element_count() != num_rows * length ||
+      values.element_count() != rewards.element_count() ||
+      mask.element_count() != rewards.element_count()) {
     return ffi::Error::InvalidArgument("masked_gae: inputs disagree in shape");
   }
   AdviseHugePages(advantages->typed_data(), advantages->size_bytes());
