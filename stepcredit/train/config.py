@@ -7,6 +7,7 @@ import json
 from typing import Any
 
 from stepcredit.rollout import RolloutConfig
+from stepcredit.train.curriculum import LEARNING_RATE_SCHEDULES
 from stepcredit.train.update import LossConfig
 
 
@@ -31,6 +32,10 @@ class TrainConfig:
       d_model, num_layers, num_heads, mlp_dim: the transformer's size (mlp_dim None:
         4 * d_model, the usual ratio).
       learning_rate, weight_decay, grad_clip: AdamW with global-norm clipping.
+      learning_rate_schedule, final_learning_rate_fraction: "constant", or a
+        "cosine" or "linear" decay of the RL learning rate over `iterations` to
+        `final_learning_rate_fraction` of it (`curriculum.learning_rate_at`);
+        the warm start and the PRM keep their constant rates.
       epochs: passes over each batch; minibatch_rows: step rows per update.
       prm_learning_rate, prm_beta, prm_rewards_from: iStar's implicit PRM:
         its learning rate, beta (0.05, the authors' scripts) and whether the
@@ -81,6 +86,8 @@ class TrainConfig:
     num_heads: int = 4
     mlp_dim: int | None = None
     learning_rate: float = 3e-4
+    learning_rate_schedule: str = "constant"
+    final_learning_rate_fraction: float = 0.1
     weight_decay: float = 0.0
     grad_clip: float = 1.0
     epochs: int = 2
@@ -112,6 +119,12 @@ class TrainConfig:
         if self.prm_rewards_from not in ("post_update_prm", "pre_update_prm"):
             raise ValueError(f"TrainConfig: prm_rewards_from={self.prm_rewards_from!r}; expected "
                              "'post_update_prm' (paper) or 'pre_update_prm' (authors' code)")
+        if self.learning_rate_schedule not in LEARNING_RATE_SCHEDULES:
+            raise ValueError(f"TrainConfig: learning_rate_schedule={self.learning_rate_schedule!r};"
+                             f" expected one of {LEARNING_RATE_SCHEDULES}")
+        if not 0 <= self.final_learning_rate_fraction <= 1:
+            raise ValueError(f"TrainConfig: final_learning_rate_fraction="
+                             f"{self.final_learning_rate_fraction}; it must be in [0, 1]")
         if self.max_staleness < 0:
             raise ValueError(f"TrainConfig: max_staleness={self.max_staleness}; it must be >= 0")
         if self.num_devices < 0:

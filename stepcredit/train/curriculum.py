@@ -1,8 +1,12 @@
-"""ScalingInter-RL's horizon curriculum (AgentGym-RL, arXiv 2509.08755)."""
+"""Schedules over training iterations: ScalingInter-RL's horizon curriculum
+(AgentGym-RL, arXiv 2509.08755) and the learning-rate decay."""
 
 from __future__ import annotations
 
+import math
 from typing import Sequence
+
+LEARNING_RATE_SCHEDULES = ("constant", "cosine", "linear")
 
 
 def horizon_stage(iteration: int, *, switch_every: int, num_stages: int) -> int:
@@ -40,3 +44,31 @@ def step_limit(iteration: int, schedule: Sequence[int], *, switch_every: int,
     if any(limit < 1 for limit in schedule):
         raise ValueError(f"step_limit: schedule={tuple(schedule)}; every limit must be >= 1")
     return schedule[horizon_stage(iteration, switch_every=switch_every, num_stages=len(schedule))]
+
+
+def learning_rate_at(iteration: int, *, base: float, schedule: str, iterations: int,
+                     final_fraction: float) -> float:
+    """The learning rate of `iteration`, decayed from `base` to `final_fraction * base`.
+
+    With p = min(iteration / (iterations - 1), 1), so that the last iteration runs
+    at the final rate, and f = `final_fraction`:
+
+        constant: base
+        cosine:   base * (f + (1 - f) * (1 + cos(pi p)) / 2)    (optax.cosine_decay_schedule)
+        linear:   base * (1 - (1 - f) p)                        (optax.linear_schedule)
+
+    Set per iteration, not per optimizer step, because the number of minibatches
+    of an iteration varies with the batch's rows.
+
+    Example: base 1e-3, cosine, 101 iterations, f = 0.1: 1e-3 at iteration 0,
+    5.5e-4 at 50, 1e-4 at 100.
+    """
+    if schedule not in LEARNING_RATE_SCHEDULES:
+        raise ValueError(f"learning_rate_at: schedule={schedule!r}; expected one of "
+                         f"{LEARNING_RATE_SCHEDULES}")
+    progress = min(iteration / max(iterations - 1, 1), 1.0)
+    if schedule == "cosine":
+        return base * (final_fraction + (1 - final_fraction) * (1 + math.cos(math.pi * progress)) / 2)
+    if schedule == "linear":
+        return base * (1 - (1 - final_fraction) * progress)
+    return base

@@ -7,6 +7,8 @@ import ast
 import dataclasses
 import functools
 
+from stepcredit.train.curriculum import LEARNING_RATE_SCHEDULES
+
 HELP = "train a policy on an environment with a registered credit-assignment estimator"
 
 
@@ -60,6 +62,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--devices", type=int, default=0,
                         help="devices of the data-parallel update (0: all local devices)")
     parser.add_argument("--learning-rate", type=float, default=3e-4)
+    parser.add_argument("--lr-schedule", choices=LEARNING_RATE_SCHEDULES, default="constant",
+                        help="decay of the RL learning rate over --iterations")
+    parser.add_argument("--lr-final-fraction", type=float, default=0.1,
+                        help="the learning rate of the last iteration, as a fraction of "
+                             "--learning-rate")
     parser.add_argument("--epochs", type=int, default=2)
     parser.add_argument("--minibatch-rows", type=int, default=64)
     parser.add_argument("--d-model", type=int, default=128)
@@ -105,7 +112,9 @@ def config_from_args(args: argparse.Namespace):
         eval_every=args.eval_every, eval_tasks=args.eval_tasks,
         checkpoint_every=args.checkpoint_every, logdir=args.logdir, async_mode=args.async_mode,
         max_staleness=args.max_staleness, time_limit_minutes=args.time_limit,
-        num_devices=args.devices, learning_rate=args.learning_rate, epochs=args.epochs,
+        num_devices=args.devices, learning_rate=args.learning_rate,
+        learning_rate_schedule=args.lr_schedule,
+        final_learning_rate_fraction=args.lr_final_fraction, epochs=args.epochs,
         minibatch_rows=args.minibatch_rows, d_model=args.d_model, num_layers=args.num_layers,
         loss=loss, rollout=RolloutConfig(temperature=args.temperature,
                                          **({} if args.max_prompt_tokens is None else

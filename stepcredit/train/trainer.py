@@ -41,7 +41,7 @@ from stepcredit.train import asynchronous
 from stepcredit.train import update as learner
 from stepcredit.train.checkpoint import Checkpointer
 from stepcredit.train.config import TrainConfig
-from stepcredit.train.curriculum import horizon_stage, step_limit
+from stepcredit.train.curriculum import horizon_stage, learning_rate_at, step_limit
 from stepcredit.train.devices import DataParallel
 from stepcredit.train.metrics import MetricsLogger
 from stepcredit.train.rows import (RowIndex, StepRowBatch, build_rows, length_groups,
@@ -315,7 +315,12 @@ class Trainer:
         rng = np.random.default_rng([config.seed, int(self.state["iteration"]), 7])
         history = []
         dp = self.data_parallel
-        policy, opt = dp.replicate((self.state["policy"], self.state["opt"]))
+        learning_rate = learning_rate_at(
+            int(self.state["iteration"]), base=config.learning_rate,
+            schedule=config.learning_rate_schedule, iterations=config.iterations,
+            final_fraction=config.final_learning_rate_fraction)
+        opt = learner.with_learning_rate(self.state["opt"], learning_rate)
+        policy, opt = dp.replicate((self.state["policy"], opt))
         lengths = np.asarray(data.mask).sum(1)
         for _ in range(config.epochs):
             for chunk, width in length_groups(lengths, m, limit=data.tokens.shape[1], rng=rng):
@@ -325,7 +330,8 @@ class Trainer:
                     config=self.loss_config)
                 history.append(metrics)
         self.state["policy"], self.state["opt"] = dp.gather((policy, opt))
-        return {k: float(np.mean([float(h[k]) for h in history])) for k in history[0]}
+        means = {k: float(np.mean([float(h[k]) for h in history])) for k in history[0]}
+        return {**means, "optim/learning_rate": learning_rate}
 
     # -------------------------------------------------------------- warm start
     def warm_start(self) -> dict[str, float]:

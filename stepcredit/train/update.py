@@ -167,11 +167,24 @@ def make_optimizer(*, learning_rate: float, weight_decay: float,
                    grad_clip: float) -> optax.GradientTransformation:
     """AdamW with global-norm gradient clipping.
 
-    Cached: equal settings return the same object, so the jitted steps that
-    take it as a static argument compile once per process, not once per trainer.
+    The learning rate lives in the optimizer state (`optax.inject_hyperparams`),
+    so a schedule sets it between updates (`with_learning_rate`) without a new
+    optimizer or a recompile. Cached: equal settings return the same object, so
+    the jitted steps that take it as a static argument compile once per process,
+    not once per trainer.
     """
     return optax.chain(optax.clip_by_global_norm(grad_clip),
-                       optax.adamw(learning_rate, weight_decay=weight_decay))
+                       optax.inject_hyperparams(optax.adamw)(learning_rate=learning_rate,
+                                                             weight_decay=weight_decay))
+
+
+def with_learning_rate(opt_state, learning_rate: float):
+    """A `make_optimizer` state whose next updates use `learning_rate` (a new state; no mutation)."""
+    clip_state, adamw_state = opt_state
+    current = adamw_state.hyperparams["learning_rate"]
+    hyperparams = {**adamw_state.hyperparams,
+                   "learning_rate": jnp.asarray(learning_rate, current.dtype)}
+    return type(opt_state)((clip_state, adamw_state._replace(hyperparams=hyperparams)))
 
 
 def supervised_loss(state: nnx.State, graphdef: nnx.GraphDef, tokens, mask, action_mask,

@@ -1,5 +1,6 @@
 """Curriculum, metrics logging and checkpoints of the trainer."""
 
+import functools
 import os
 import signal
 import subprocess
@@ -10,11 +11,27 @@ import time
 import jax
 import jax.numpy as jnp
 import numpy as np
+import optax
 import pytest
 
 from stepcredit.train.checkpoint import Checkpointer
-from stepcredit.train.curriculum import horizon_stage, step_limit
+from stepcredit.train.curriculum import horizon_stage, learning_rate_at, step_limit
 from stepcredit.train.metrics import MetricsLogger, read_metrics
+
+
+@pytest.mark.parametrize("iteration", [0, 1, 37, 50, 99, 100, 150])
+def test_learning_rate_schedules_match_optax(iteration):
+    # 101 iterations decay over 100 optimizer-schedule steps: the last one is at the final rate.
+    at = functools.partial(learning_rate_at, iteration, base=1e-3, iterations=101,
+                           final_fraction=0.1)
+    assert at(schedule="constant") == 1e-3
+    np.testing.assert_allclose(at(schedule="cosine"),
+                               optax.cosine_decay_schedule(1e-3, 100, alpha=0.1)(iteration),
+                               rtol=1e-6)
+    np.testing.assert_allclose(at(schedule="linear"),
+                               optax.linear_schedule(1e-3, 1e-4, 100)(iteration), rtol=1e-6)
+    with pytest.raises(ValueError, match="schedule='step'"):
+        at(schedule="step")
 
 
 def test_horizon_curriculum_follows_the_released_schedule():

@@ -130,6 +130,27 @@ def test_kl_reference_and_step_level_ratio_run(tmp_path):
     assert trainer.loss_config.step_level_ratio and "reference" in trainer.state
 
 
+def test_learning_rate_schedule_reaches_the_update(tmp_path):
+    # Linear decay to 0 over 2 iterations: iteration 0 learns at the base rate,
+    # iteration 1 at rate 0, so (without weight decay) it must leave the policy as it was.
+    # Step GAE's critic loss moves the parameters even when every episode fails.
+    config = TrainConfig(env="alfworld", estimator="step_gae", iterations=2, tasks_per_iteration=2, group_size=2,
+                         max_steps=3, d_model=32, num_layers=1, minibatch_rows=16, epochs=1,
+                         rollout=RolloutConfig(max_prompt_tokens=96, max_action_tokens=6),
+                         learning_rate=3e-3, learning_rate_schedule="linear",
+                         final_learning_rate_fraction=0.0, logdir=str(tmp_path))
+    trainer = Trainer(config, log=lambda _: None)
+    params = lambda: [np.asarray(x).copy() for x in jax.tree.leaves(trainer.state["policy"])]
+    initial = params()
+    first = trainer.iteration(0)
+    after_first = params()
+    second = trainer.iteration(1)
+    assert (first["optim/learning_rate"], second["optim/learning_rate"]) == (3e-3, 0.0)
+    assert any(not np.array_equal(a, b) for a, b in zip(initial, after_first))
+    for a, b in zip(after_first, params()):
+        np.testing.assert_array_equal(a, b)
+
+
 def test_oracle_warm_start_lowers_the_supervised_loss(tmp_path):
     config = TrainConfig(env="alfworld", iterations=1, tasks_per_iteration=2, group_size=2,
                          max_steps=3, d_model=32, num_layers=1, minibatch_rows=16, epochs=1,
