@@ -72,21 +72,21 @@ def _masked_gae(fn, rewards, values, mask, bootstrap_value, gamma, lam, method):
     if method != "native":
         return _scan_gae(rewards, values, mask, bootstrap_value, gamma, lam, method)
 
-    def on_cpu(rewards, values, mask, bootstrap_value):
-        arrays = (rewards, values, mask, bootstrap_value)
+    def sequential(*arrays):
+        return _scan_gae(*arrays, gamma, lam, "sequential")
+
+    def on_cpu(*arrays):
+        rewards, values, _, bootstrap_value = arrays
         if not native.supports(rewards, values, bootstrap_value, gamma, lam):
-            return _scan_gae(*arrays, gamma, lam, "sequential")
+            return sequential(*arrays)
         error = native.build_error()
         if error:
             warnings.warn(f"{fn}: running the sequential scan instead: {error}")
-            return _scan_gae(*arrays, gamma, lam, "sequential")
+            return sequential(*arrays)
         return AdvantagesAndReturns(*native.masked_gae(*arrays, gamma=gamma, lam=lam))
 
-    def elsewhere(*arrays):
-        return _scan_gae(*arrays, gamma, lam, "sequential")
-
     return jax.lax.platform_dependent(rewards, values, mask, bootstrap_value,
-                                      cpu=on_cpu, default=elsewhere)
+                                      cpu=on_cpu, default=sequential)
 
 
 def _scan_gae(rewards, values, mask, bootstrap_value, gamma, lam, method):

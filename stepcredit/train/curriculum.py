@@ -68,7 +68,8 @@ def learning_rate_at(iteration: int, *, base: float, schedule: str, iterations: 
                          f"{LEARNING_RATE_SCHEDULES}")
     progress = min(iteration / max(iterations - 1, 1), 1.0)
     if schedule == "cosine":
-        return base * (final_fraction + (1 - final_fraction) * (1 + math.cos(math.pi * progress)) / 2)
+        cosine = (1 + math.cos(math.pi * progress)) / 2
+        return base * (final_fraction + (1 - final_fraction) * cosine)
     if schedule == "linear":
         return base * (1 - (1 - final_fraction) * progress)
     return base

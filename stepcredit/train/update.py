@@ -179,7 +179,7 @@ def make_optimizer(*, learning_rate: float, weight_decay: float,
 
 
 def with_learning_rate(opt_state, learning_rate: float):
-    """A `make_optimizer` state whose next updates use `learning_rate` (a new state; no mutation)."""
+    """A `make_optimizer` state whose next updates use `learning_rate` (a new state)."""
     clip_state, adamw_state = opt_state
     current = adamw_state.hyperparams["learning_rate"]
     hyperparams = {**adamw_state.hyperparams,

@@ -10,8 +10,8 @@ a time in SIMD registers.
 The C++ source is compiled with the system compiler (`$CXX`, else `c++`) the
 first time a process uses it, against the XLA FFI headers that jaxlib ships,
 and cached under `$STEPCREDIT_NATIVE_CACHE` (default `~/.cache/stepcredit/native`),
-keyed by the source, the flags, the jax version and the CPU, so a cached library
-never runs on a CPU it was not built for.
+keyed by the source, the flags, the jax and jaxlib versions and the CPU, so a
+cached library never runs on a CPU it was not built for.
 
 The kernel is float32 and CPU-only: `step_gae(..., method="native")` lowers to it
 on CPU and to the sequential scan on other backends, for other dtypes, for gamma
@@ -124,7 +124,7 @@ def build_error() -> str | None:
 
 def supports(rewards: jax.Array, values: jax.Array, bootstrap_value: jax.Array, gamma,
              lam) -> bool:
-    """Whether the kernel takes these arguments: float32 arrays, gamma and lam known when tracing."""
+    """Whether the kernel takes these arguments: float32 arrays; gamma, lam known when tracing."""
     arrays = (rewards, values, bootstrap_value)
     return (all(x.dtype == jnp.float32 for x in arrays)
             and not any(isinstance(h, jax.core.Tracer) for h in (gamma, lam)))
