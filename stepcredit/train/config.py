@@ -37,6 +37,11 @@ class TrainConfig:
         `final_learning_rate_fraction` of it (`curriculum.learning_rate_at`);
         the warm start and the PRM keep their constant rates.
       epochs: passes over each batch; minibatch_rows: step rows per update.
+      critic_warmup_iterations: RL iterations at the start in which the
+        policy-gradient advantages are zeroed, so only the critic (and the KL
+        term) learns and the first policy updates see a trained baseline
+        (verl's `trainer.critic_warmup`); estimators with a critic only. The
+        critic shares the policy's trunk, so the policy still moves a little.
       prm_learning_rate, prm_beta, prm_rewards_from: iStar's implicit PRM:
         its learning rate, beta (0.05, the authors' scripts) and whether the
         step rewards come from the PRM after this iteration's update (the
@@ -92,6 +97,7 @@ class TrainConfig:
     grad_clip: float = 1.0
     epochs: int = 2
     minibatch_rows: int = 64
+    critic_warmup_iterations: int = 0
     prm_learning_rate: float = 1e-4
     prm_beta: float = 0.05
     prm_rewards_from: str = "post_update_prm"
@@ -125,6 +131,9 @@ class TrainConfig:
         if not 0 <= self.final_learning_rate_fraction <= 1:
             raise ValueError(f"TrainConfig: final_learning_rate_fraction="
                              f"{self.final_learning_rate_fraction}; it must be in [0, 1]")
+        if self.critic_warmup_iterations < 0:
+            raise ValueError(f"TrainConfig: critic_warmup_iterations="
+                             f"{self.critic_warmup_iterations}; it must be >= 0")
         if self.max_staleness < 0:
             raise ValueError(f"TrainConfig: max_staleness={self.max_staleness}; it must be >= 0")
         if self.num_devices < 0:

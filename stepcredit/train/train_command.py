@@ -68,6 +68,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="the learning rate of the last iteration, as a fraction of "
                              "--learning-rate")
     parser.add_argument("--epochs", type=int, default=2)
+    parser.add_argument("--critic-warmup", type=int, default=0, metavar="ITERATIONS",
+                        help="first RL iterations that train only the critic (critic estimators)")
     parser.add_argument("--minibatch-rows", type=int, default=64)
     parser.add_argument("--d-model", type=int, default=128)
     parser.add_argument("--num-layers", type=int, default=2)
@@ -115,6 +117,7 @@ def config_from_args(args: argparse.Namespace):
         num_devices=args.devices, learning_rate=args.learning_rate,
         learning_rate_schedule=args.lr_schedule,
         final_learning_rate_fraction=args.lr_final_fraction, epochs=args.epochs,
+        critic_warmup_iterations=args.critic_warmup,
         minibatch_rows=args.minibatch_rows, d_model=args.d_model, num_layers=args.num_layers,
         loss=loss, rollout=RolloutConfig(temperature=args.temperature,
                                          **({} if args.max_prompt_tokens is None else

@@ -118,6 +118,10 @@ class Trainer:
                              f"{len(devices)} local devices exist")
         self.data_parallel = DataParallel(devices[:config.num_devices or len(devices)])
         self.data_parallel.check_minibatch(config.minibatch_rows)
+        if config.critic_warmup_iterations and not self.estimator.needs_critic:
+            raise ValueError(f"TrainConfig: critic_warmup_iterations="
+                             f"{config.critic_warmup_iterations} needs an estimator with a critic; "
+                             f"{config.estimator!r} has none")
         self.estimator_config = dict(config.estimator_config)
         self.tokenizer = build_tokenizer(config.env)
         self.model_config = model_config(config, self.tokenizer.vocab_size)
@@ -277,10 +281,12 @@ class Trainer:
 
         ref_logp = (self._score(self.state["reference"], rows).logprobs
                     if "reference" in self.state else old.logprobs)
+        warming_critic = int(self.state["iteration"]) < config.critic_warmup_iterations
         data = learner.Minibatch(
             tokens=jnp.asarray(rows.tokens), mask=jnp.asarray(rows.mask),
             action_mask=jnp.asarray(rows.action_mask & rows.valid[:, None]),
-            advantages=advantages, old_logp=old.logprobs, behav_logp=jnp.asarray(rows.behav_logp),
+            advantages=jnp.zeros_like(advantages) if warming_critic else advantages,
+            old_logp=old.logprobs, behav_logp=jnp.asarray(rows.behav_logp),
             ref_logp=ref_logp, old_values=old.values, returns=returns, value_mask=value_mask)
         tick = time.perf_counter()
         update_metrics = self._epochs(data)
@@ -291,7 +297,7 @@ class Trainer:
             "advantage/mean": float(valid_adv.mean()) if valid_adv.size else 0.0,
             "advantage/std": float(valid_adv.std()) if valid_adv.size else 0.0,
             "advantage/abs_max": float(np.abs(valid_adv).max()) if valid_adv.size else 0.0,
-            "batch/rows": float(rows.valid.sum()),
+            "batch/rows": float(rows.valid.sum()), "train/critic_warmup": float(warming_critic),
             "time/credit": credit_seconds, "time/score": score_seconds,
             "time/update": update_seconds})
         return metrics

@@ -134,8 +134,9 @@ def test_learning_rate_schedule_reaches_the_update(tmp_path):
     # Linear decay to 0 over 2 iterations: iteration 0 learns at the base rate,
     # iteration 1 at rate 0, so (without weight decay) it must leave the policy as it was.
     # Step GAE's critic loss moves the parameters even when every episode fails.
-    config = TrainConfig(env="alfworld", estimator="step_gae", iterations=2, tasks_per_iteration=2, group_size=2,
-                         max_steps=3, d_model=32, num_layers=1, minibatch_rows=16, epochs=1,
+    config = TrainConfig(env="alfworld", estimator="step_gae", iterations=2,
+                         tasks_per_iteration=2, group_size=2, max_steps=3, d_model=32,
+                         num_layers=1, minibatch_rows=16, epochs=1,
                          rollout=RolloutConfig(max_prompt_tokens=96, max_action_tokens=6),
                          learning_rate=3e-3, learning_rate_schedule="linear",
                          final_learning_rate_fraction=0.0, logdir=str(tmp_path))
@@ -149,6 +150,17 @@ def test_learning_rate_schedule_reaches_the_update(tmp_path):
     assert any(not np.array_equal(a, b) for a, b in zip(initial, after_first))
     for a, b in zip(after_first, params()):
         np.testing.assert_array_equal(a, b)
+
+
+def test_critic_warmup_trains_the_critic_without_policy_gradient(tmp_path):
+    rows = train(tmp_path, "alfworld", "step_gae", "--iterations", "2", "--critic-warmup", "1",
+                 "--epochs", "2")
+    assert [r["train/critic_warmup"] for r in rows] == [1.0, 0.0]
+    assert rows[0]["loss/policy"] == 0.0 and rows[0]["loss/value"] > 0.0
+    assert rows[1]["loss/policy"] != 0.0
+    with pytest.raises(ValueError, match="critic_warmup_iterations=1 needs an estimator with a "
+                                         "critic; 'grpo' has none"):
+        Trainer(TrainConfig(env="alfworld", critic_warmup_iterations=1), log=lambda _: None)
 
 
 def test_oracle_warm_start_lowers_the_supervised_loss(tmp_path):
