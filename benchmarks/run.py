@@ -136,7 +136,8 @@ def bench_gae(table, kernel, batch, length, args, methods):
         fn, compile_s = compiled(functools.partial(baselines.rlax_gae(), gamma=GAMMA, lam=LAM), *dense)
         seconds, floor_s = time_calls(lambda: fn(*dense), floor, **reps)
         full = np.ones_like(mask)
-        expected_dense = gae_ref_vectorised(*(np.asarray(x) for x in dense[:2]), full, bootstrap)[0]
+        expected_dense, _ = gae_ref_vectorised(*(np.asarray(x) for x in dense[:2]), full,
+                                               bootstrap)
         table.add(kernel, size, "rlax GAE, vmap + jit (no mask)", seconds, floor_s, loop_s, compile_s,
                   max_error(fn(*dense), expected_dense))
     estimator = get(kernel).fn
