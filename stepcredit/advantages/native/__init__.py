@@ -36,6 +36,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from stepcredit.advantages import _checks
+
 _SOURCE = os.path.join(os.path.dirname(__file__), "masked_gae.cc")
 _SYMBOL = "StepcreditMaskedGaeF32"
 _TARGET = "stepcredit_masked_gae_f32"
@@ -126,8 +128,7 @@ def supports(rewards: jax.Array, values: jax.Array, bootstrap_value: jax.Array, 
              lam) -> bool:
     """Whether the kernel takes these arguments: float32 arrays; gamma, lam known when tracing."""
     arrays = (rewards, values, bootstrap_value)
-    return (all(x.dtype == jnp.float32 for x in arrays)
-            and not any(isinstance(h, jax.core.Tracer) for h in (gamma, lam)))
+    return all(x.dtype == jnp.float32 for x in arrays) and _checks.is_concrete(gamma, lam)
 
 
 def _vary_over(x: jax.Array, axes: frozenset) -> jax.Array:
@@ -167,7 +168,7 @@ def masked_gae(rewards: jax.Array, values: jax.Array, mask: jax.Array,
     if not supports(rewards, values, bootstrap_value, gamma, lam):
         raise TypeError(f"masked_gae: the kernel takes float32 arrays (got {rewards.dtype}, "
                         f"{values.dtype}, {bootstrap_value.dtype}) and gamma and lam known "
-                        "when tracing (got traced values)")
+                        f"when tracing (known: {_checks.is_concrete(gamma, lam)})")
     _register()
     # Inside shard_map, a custom call needs every operand to vary over the same mesh
     # axes; its outputs then vary over them too.
