@@ -114,12 +114,14 @@ class _Attention(nnx.Module):
         self.qkv = nnx.Linear(config.d_model, 3 * config.d_model, kernel_init=init, rngs=rngs)
         self.out = nnx.Linear(config.d_model, config.d_model, kernel_init=out_init, rngs=rngs)
 
-    def __call__(self, x, positions, attn_mask, cache, cache_index):
+    def __call__(self, x, positions, attn_mask, cache, cache_index, query_columns=None):
         b, length, _ = x.shape
         qkv = self.qkv(x).reshape(b, length, 3, self.num_heads, self.head_dim)
         q = _rope(qkv[:, :, 0], positions, self.rope_base)
         k = _rope(qkv[:, :, 1], positions, self.rope_base)
         v = qkv[:, :, 2]
+        if query_columns is not None:
+            q = jnp.take_along_axis(q, query_columns[:, :, None, None], axis=1)
         if cache is not None:
             k = jax.lax.dynamic_update_slice(cache[0], k.astype(cache[0].dtype),
                                              (0, cache_index, 0, 0))
@@ -128,7 +130,7 @@ class _Attention(nnx.Module):
         scores = jnp.einsum("blhd,bshd->bhls", q, k) / math.sqrt(self.head_dim)
         scores = jnp.where(attn_mask[:, None], scores, jnp.finfo(scores.dtype).min)
         weights = jax.nn.softmax(scores, axis=-1)
-        out = jnp.einsum("bhls,bshd->blhd", weights, v).reshape(b, length, -1)
+        out = jnp.einsum("bhls,bshd->blhd", weights, v).reshape(b, q.shape[1], -1)
         return self.out(out), (k, v)
 
 
@@ -145,8 +147,13 @@ class _Block(nnx.Module):
         self.mlp_in = nnx.Linear(d, config.mlp_dim, kernel_init=init, rngs=rngs)
         self.mlp_out = nnx.Linear(config.mlp_dim, d, kernel_init=out_init, rngs=rngs)
 
-    def __call__(self, x, positions, attn_mask, cache, cache_index):
-        h, kv = self.attn(self.ln_attn(x), positions, attn_mask, cache, cache_index)
+    def __call__(self, x, positions, attn_mask, cache, cache_index, query_columns=None):
+        """`query_columns` `[B, W]`: compute the outputs at those columns only
+        (`attn_mask` is then `[B, W, S]`); keys and values still cover every column."""
+        h, kv = self.attn(self.ln_attn(x), positions, attn_mask, cache, cache_index,
+                          query_columns)
+        if query_columns is not None:
+            x = jnp.take_along_axis(x, query_columns[..., None], axis=1)
         x = x + h
         x = x + self.mlp_out(jax.nn.gelu(self.mlp_in(self.ln_mlp(x))))
         return x, kv
@@ -171,12 +178,15 @@ class TransformerPolicy(nnx.Module):
                                    rngs=rngs))
         self.value_head = nnx.Linear(d, 1, kernel_init=nnx.initializers.zeros, rngs=rngs)
 
-    def _run(self, tokens, positions, attn_mask, cache, cache_index):
+    def _run(self, tokens, positions, attn_mask, cache, cache_index, last_query=None):
         x = self.embed(tokens)
         new_cache = []
+        last = len(self.blocks) - 1
         for i, block in enumerate(self.blocks):
-            x, kv = block(x, positions, attn_mask, None if cache is None else cache[i],
-                          cache_index)
+            columns, mask = (last_query if last_query is not None and i == last
+                             else (None, attn_mask))
+            x, kv = block(x, positions, mask, None if cache is None else cache[i],
+                          cache_index, columns)
             new_cache.append(kv)
         h = self.ln_final(x)
         return h, self.value_head(h)[..., 0], tuple(new_cache)
@@ -194,6 +204,25 @@ class TransformerPolicy(nnx.Module):
         causal = jnp.tril(jnp.ones((length, length), dtype=bool))
         attn_mask = causal[None] & mask.astype(bool)[:, None, :]
         h, values, _ = self._run(tokens, positions, attn_mask, None, 0)
+        return h, values
+
+    def hidden_at(self, tokens: jax.Array, mask: jax.Array,
+                  columns: jax.Array) -> tuple[jax.Array, jax.Array]:
+        """`hidden` at `columns` `[B, W]` only: `(hidden [B, W, d], values [B, W])`.
+
+        Equal to gathering `hidden(tokens, mask)` at `columns`, but the last
+        block computes its queries, attention and MLP at those W columns only
+        (keys and values still cover the row), so its attention costs W x L
+        instead of L x L: the learner needs the head at the action tokens only.
+        """
+        positions = positions_from_mask(mask)
+        length = tokens.shape[1]
+        mask = mask.astype(bool)
+        causal = jnp.tril(jnp.ones((length, length), dtype=bool))
+        attn_mask = causal[None] & mask[:, None, :]
+        query_mask = (columns[:, :, None] >= jnp.arange(length)) & mask[:, None, :]
+        h, values, _ = self._run(tokens, positions, attn_mask, None, 0,
+                                 last_query=(columns, query_mask))
         return h, values
 
     def __call__(self, tokens: jax.Array, mask: jax.Array,
@@ -402,8 +431,9 @@ def score_actions(graphdef: nnx.GraphDef, state: nnx.State, tokens: jax.Array, m
     """`score_rows` at the action tokens only: the head runs on `width` positions per row.
 
     Each row's action tokens must be contiguous and at most `width` long (as
-    step rows are: the prompt, then the sampled ids). The language-model head
-    and the softmax then cost `width` positions per row instead of L, which is
+    step rows are: the prompt, then the sampled ids). The language-model head,
+    the softmax and the last block's queries and MLP then cost `width`
+    positions per row instead of L (`TransformerPolicy.hidden_at`), which is
     most of a row when prompts are long.
 
     Args:
@@ -412,19 +442,18 @@ def score_actions(graphdef: nnx.GraphDef, state: nnx.State, tokens: jax.Array, m
       width: the most action tokens in a row (static).
 
     Returns:
-      `RowScores` of `[B, L]` arrays: log-probs and entropies equal to
-      `score_rows`'s at the action tokens and 0 elsewhere; values as `score_rows`.
+      `RowScores` of `[B, L]` arrays: log-probs, entropies and values equal to
+      `score_rows`'s at the action tokens and 0 elsewhere.
     """
     mask, action_mask = mask.astype(bool), action_mask.astype(bool)
     model = nnx.merge(graphdef, state)
-    hidden, values = model.hidden(tokens, mask)
     batch, length = tokens.shape
     wanted = jnp.argmax(action_mask, axis=1)[:, None] + jnp.arange(width)
     columns = jnp.minimum(wanted, length - 1)
     is_action = jnp.take_along_axis(action_mask, columns, axis=1) & (wanted < length)
-    # Token n is predicted by the hidden state at n - 1.
-    logits = model.logits(jnp.take_along_axis(hidden, jnp.maximum(columns - 1, 0)[..., None],
-                                              axis=1))
+    # Token n is predicted by the hidden state at n - 1, and its value is the critic's there.
+    hidden, values = model.hidden_at(tokens, mask, jnp.maximum(columns - 1, 0))
+    logits = model.logits(hidden)
     if choice_markers:
         allowed = choice_mask(tokens, mask, choice_markers, logits.shape[-1])
         logits = constrain_logits(logits, allowed)
@@ -434,8 +463,10 @@ def score_actions(graphdef: nnx.GraphDef, state: nnx.State, tokens: jax.Array, m
     rows = jnp.broadcast_to(jnp.arange(batch)[:, None], columns.shape)
     # Clipped duplicate columns carry 0 (is_action is false there), so adding them changes nothing.
     zeros = jnp.zeros((batch, length), jnp.float32)
+    has_prev = jnp.take_along_axis(_has_previous(mask), columns, axis=1) & is_action
+    values = jnp.where(has_prev, values, 0.0).astype(jnp.float32)
     return RowScores(zeros.at[rows, columns].add(logp), zeros.at[rows, columns].add(entropy),
-                     _token_values(values, _has_previous(mask)))
+                     zeros.at[rows, columns].add(values))
 
 
 class StepRows(NamedTuple):

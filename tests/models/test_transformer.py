@@ -111,8 +111,26 @@ def test_score_actions_equals_score_rows_at_the_action_tokens(side, markers):
     np.testing.assert_allclose(fast.logprobs[actions], full.logprobs[actions], rtol=1e-5, atol=1e-6)
     np.testing.assert_allclose(fast.entropies[actions], full.entropies[actions], rtol=1e-5,
                                atol=1e-6)
-    assert np.all(fast.logprobs[~actions] == 0) and np.all(fast.entropies[~actions] == 0)
-    np.testing.assert_allclose(fast.values, full.values, atol=1e-6)
+    np.testing.assert_allclose(fast.values[actions], full.values[actions], atol=1e-6)
+    assert not np.allclose(fast.values[actions], 0)
+    for scores in (fast.logprobs, fast.entropies, fast.values):
+        assert np.all(scores[~actions] == 0)
+
+
+@pytest.mark.parametrize("num_layers", [1, 3])
+def test_hidden_at_equals_hidden_gathered_at_the_columns(num_layers):
+    config = TransformerConfig(vocab_size=V, d_model=32, num_layers=num_layers, num_heads=2,
+                               mlp_dim=64)
+    model = TransformerPolicy(config, rngs=nnx.Rngs(3))
+    model.value_head.kernel[...] = jax.random.normal(jax.random.key(4), (32, 1))
+    rows = pack_rows([[5, 6, 7, 8], [9, 10], [3, 4, 5, 6, 7, 8]], length=L, pad_id=0, side="left")
+    columns = jnp.asarray([[6, 9], [8, 9], [4, 7]])
+    hidden, values = model.hidden(rows.tokens, rows.mask)
+    at_hidden, at_values = model.hidden_at(rows.tokens, rows.mask, columns)
+    assert at_hidden.shape == (B, 2, 32) and at_values.shape == (B, 2)
+    np.testing.assert_allclose(at_hidden, jnp.take_along_axis(hidden, columns[..., None], 1),
+                               atol=1e-5)
+    np.testing.assert_allclose(at_values, jnp.take_along_axis(values, columns, 1), atol=1e-5)
 
 
 def test_policy_prm_and_reference_have_separate_parameters():
