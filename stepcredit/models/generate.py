@@ -103,10 +103,17 @@ def generate(graphdef: nnx.GraphDef, state: nnx.State, prompt_tokens: jax.Array,
     prompt_mask = prompt_mask.astype(bool)
     columns = jnp.arange(total)
     key_valid = jnp.concatenate([prompt_mask, jnp.ones((b, max_new_tokens), bool)], axis=1)
-    prefill_mask = (columns[None, :] <= jnp.arange(p)[:, None])[None] & key_valid[:, None, :]
-    cache = init_cache(model.config, b, total)
-    logits, values, cache = model.decode(prompt_tokens, positions_from_mask(prompt_mask),
-                                         prefill_mask, cache, 0)
+    if max_new_tokens == 1:
+        # Nothing is decoded after the first token, so no cache is needed and the
+        # last block runs at the last prompt column only.
+        hidden, values = model.hidden_at(prompt_tokens, prompt_mask,
+                                         jnp.full((b, 1), p - 1, jnp.int32))
+        logits = model.logits(hidden[:, -1])
+    else:
+        prefill_mask = (columns[None, :] <= jnp.arange(p)[:, None])[None] & key_valid[:, None, :]
+        cache = init_cache(model.config, b, total)
+        logits, values, cache = model.decode(prompt_tokens, positions_from_mask(prompt_mask),
+                                             prefill_mask, cache, 0)
     next_position = jnp.sum(prompt_mask, axis=1, dtype=jnp.int32)
     if choice_markers:
         allowed = choice_mask(prompt_tokens, prompt_mask, choice_markers, logits.shape[-1])
@@ -120,6 +127,9 @@ def generate(graphdef: nnx.GraphDef, state: nnx.State, prompt_tokens: jax.Array,
     out_logp = jnp.zeros((b, max_new_tokens), jnp.float32).at[:, 0].set(logp)
     out_entropy = jnp.zeros((b, max_new_tokens), jnp.float32).at[:, 0].set(entropy)
     done = ids == eoa_id
+    if max_new_tokens == 1:
+        return Generation(out_tokens, out_logp, out_entropy, jnp.ones((b,), jnp.int32), done,
+                          values[:, -1].astype(jnp.float32))
 
     def cond(carry):
         i, _, _, done, *_ = carry

@@ -141,3 +141,18 @@ def test_constrained_generation_samples_offered_ids_with_the_scored_logprobs():
         # The offered ids carry all the probability: the entropy is at most log(#offered).
         assert gen.entropies[0, 0] <= np.log(3) + 1e-5 and gen.entropies[1, 0] <= np.log(2) + 1e-5
         assert np.all(np.isfinite(scores.logprobs)) and np.all(np.isfinite(scores.entropies))
+
+
+def test_one_token_generation_equals_the_first_token_of_cached_generation():
+    for temperature in (1.0, 0.0):
+        longer = _generate(jax.random.key(7), temperature, eoa_id=NEVER)
+        one = jax.tree.map(np.asarray, generate(
+            GRAPHDEF, STATE, ROWS.tokens, ROWS.mask, jax.random.key(7), max_new_tokens=1,
+            eoa_id=EOA, pad_id=PAD, temperature=temperature))
+        np.testing.assert_array_equal(one.tokens[:, 0], longer.tokens[:, 0])
+        np.testing.assert_allclose(one.logprobs[:, 0], longer.logprobs[:, 0], rtol=1e-5, atol=1e-6)
+        np.testing.assert_allclose(one.entropies[:, 0], longer.entropies[:, 0], rtol=1e-5,
+                                   atol=1e-6)
+        np.testing.assert_allclose(one.values, longer.values, atol=1e-6)
+        np.testing.assert_array_equal(one.lengths, 1)
+        np.testing.assert_array_equal(one.finished, one.tokens[:, 0] == EOA)
