@@ -1,0 +1,85 @@
+"""The learner's and the sampler's model time with and without last-block pruning.
+
+Step rows are long prompts with one or a few action tokens, and the losses read
+the model only at those tokens. `score_actions` therefore runs the last block's
+queries, attention and MLP at the action columns only
+(`TransformerPolicy.hidden_at`), and `generate` does the same for one-token
+actions. This script times, in one run and on the same inputs, the gradient of
+the action log-probs (what one update minibatch costs) and one-token sampling,
+each against the full-width computation it replaced, and prints the ratios.
+
+    python benchmarks/learner_speed.py [--rows 64] [--widths 256 512] [--reps 5]
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from stepcredit.models.generate import generate
+from stepcredit.models.transformer import TransformerConfig, TransformerPolicy, score_actions
+
+
+def _seconds(fn, reps: int) -> float:
+    jax.block_until_ready(fn())
+    best = float("inf")
+    for _ in range(reps):
+        tick = time.perf_counter()
+        jax.block_until_ready(fn())
+        best = min(best, time.perf_counter() - tick)
+    return best
+
+
+def _full_width_logp(graphdef, state, tokens, mask, column):
+    """The previous learner path: every block over every column, then a gather."""
+    model = nnx.merge(graphdef, state)
+    hidden, _ = model.hidden(tokens, mask)
+    logits = model.logits(hidden[:, column - 1])
+    return jax.nn.log_softmax(logits)[jnp.arange(tokens.shape[0]), tokens[:, column]]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rows", type=int, default=64)
+    parser.add_argument("--widths", type=int, nargs="+", default=[256, 512])
+    parser.add_argument("--d-model", type=int, default=64)
+    parser.add_argument("--num-layers", type=int, default=2)
+    parser.add_argument("--reps", type=int, default=5)
+    args = parser.parse_args()
+    config = TransformerConfig(vocab_size=2048, d_model=args.d_model, num_layers=args.num_layers,
+                               mlp_dim=4 * args.d_model)
+    graphdef, state = nnx.split(TransformerPolicy(config, rngs=nnx.Rngs(0)))
+    print(f"{args.rows} rows, d_model {args.d_model}, {args.num_layers} layers, "
+          f"{jax.devices()[0].platform}; best of {args.reps}, seconds")
+    print("| width | update: full | pruned | ratio | sampling: cached prefill | one-token "
+          "| ratio |")
+    print("|---:|---:|---:|---:|---:|---:|---:|")
+    for width in args.widths:
+        tokens = jax.random.randint(jax.random.key(width), (args.rows, width), 16, 2048)
+        mask = jnp.ones((args.rows, width), bool)
+        action_mask = jnp.zeros((args.rows, width), bool).at[:, -1].set(True)
+
+        pruned = jax.jit(jax.grad(lambda s: score_actions(
+            graphdef, s, tokens, mask, action_mask, 1.0, width=1).logprobs.sum()))
+        full = jax.jit(jax.grad(lambda s: _full_width_logp(
+            graphdef, s, tokens, mask, width - 1).sum()))
+        prompt = tokens[:, :-1], mask[:, :-1]
+
+        def sample(max_new_tokens):
+            # eoa id -1 is never sampled, so the cached path decodes its second token too.
+            return lambda: generate(graphdef, state, *prompt, jax.random.key(0),
+                                    max_new_tokens=max_new_tokens, eoa_id=-1, pad_id=0)
+
+        t_full, t_pruned = _seconds(lambda: full(state), args.reps), _seconds(
+            lambda: pruned(state), args.reps)
+        t_cached, t_one = _seconds(sample(2), args.reps), _seconds(sample(1), args.reps)
+        print(f"| {width} | {t_full:.3f} | {t_pruned:.3f} | {t_full / t_pruned:.2f}x "
+              f"| {t_cached:.3f} | {t_one:.3f} | {t_cached / t_one:.2f}x |")
+
+
+if __name__ == "__main__":
+    main()
