@@ -200,10 +200,7 @@ class TransformerPolicy(nnx.Module):
         """`__call__` without the language-model head: `(hidden [B, L, d], values [B, L])`."""
         if positions is None:
             positions = positions_from_mask(mask)
-        length = tokens.shape[1]
-        causal = jnp.tril(jnp.ones((length, length), dtype=bool))
-        attn_mask = causal[None] & mask.astype(bool)[:, None, :]
-        h, values, _ = self._run(tokens, positions, attn_mask, None, 0)
+        h, values, _ = self._run(tokens, positions, _causal_mask(mask), None, 0)
         return h, values
 
     def hidden_at(self, tokens: jax.Array, mask: jax.Array,
@@ -215,13 +212,9 @@ class TransformerPolicy(nnx.Module):
         (keys and values still cover the row), so its attention costs W x L
         instead of L x L: the learner needs the head at the action tokens only.
         """
-        positions = positions_from_mask(mask)
-        length = tokens.shape[1]
         mask = mask.astype(bool)
-        causal = jnp.tril(jnp.ones((length, length), dtype=bool))
-        attn_mask = causal[None] & mask[:, None, :]
-        query_mask = (columns[:, :, None] >= jnp.arange(length)) & mask[:, None, :]
-        h, values, _ = self._run(tokens, positions, attn_mask, None, 0,
+        query_mask = (columns[:, :, None] >= jnp.arange(tokens.shape[1])) & mask[:, None, :]
+        h, values, _ = self._run(tokens, positions_from_mask(mask), _causal_mask(mask), None, 0,
                                  last_query=(columns, query_mask))
         return h, values
 
@@ -262,6 +255,12 @@ class TransformerPolicy(nnx.Module):
         """
         h, values, cache = self._run(tokens, positions, attn_mask, cache, cache_index)
         return self.logits(h[:, -1]), values, cache
+
+
+def _causal_mask(mask: jax.Array) -> jax.Array:
+    """`[B, L, L]`: column n attends to the real columns up to n."""
+    length = mask.shape[1]
+    return jnp.tril(jnp.ones((length, length), dtype=bool))[None] & mask.astype(bool)[:, None, :]
 
 
 def positions_from_mask(mask: jax.Array) -> jax.Array:
