@@ -11,7 +11,8 @@ titles), `lookup[keyword]` (the next sentence of the open page containing the
 keyword, as "(Result i / n) ...") and `finish[answer]`.
 
 Reward: exact match of the normalised answer (HotpotQA's `normalize_answer`);
-`info` carries `em` and `f1`.
+`info` carries `em` and `f1`, and `task_type`: the question's kind
+("director_birthplace", "born_first", ...), for success per kind.
 
 Differences from HotpotQA (arXiv 1809.09600) and ReAct (arXiv 2210.03629): the
 knowledge base is generated and small, so titles are exact and paragraphs short;
@@ -141,6 +142,7 @@ class _Question:
     answer: str
     facts: tuple[tuple[str, int], ...]
     mentions: tuple[str, ...]
+    kind: str = ""
 
 
 @functools.lru_cache(maxsize=65536)
@@ -338,9 +340,10 @@ def _question(seed: int, split: str, difficulty: int, index: int) -> _Question:
             kinds = _THREE_HOP
         else:
             kinds = _BRIDGE if rng.random() < 0.5 else _COMPARISON
-        question = _make_question(kb, rng, rng.choice(sorted(kinds)))
+        kind = rng.choice(sorted(kinds))
+        question = _make_question(kb, rng, kind)
         if question is not None and (stable_bucket(question.text, 5) == 0) == (split == "test"):
-            return question
+            return dataclasses.replace(question, kind=kind)
     raise AssertionError("unreachable")
 
 
@@ -422,6 +425,11 @@ class HotpotQAEnv(SimulatorEnv):
         return self._view(START_TEXT, q.mentions, q.mentions + ("yes", "no"))
 
     def _act(self, action: str) -> Outcome:
+        observation, reward, done, info = self._answer(action)
+        # The question kind, as ALFWorld's task type, lets evaluation report success per kind.
+        return observation, reward, done, {**info, "task_type": self._question.kind}
+
+    def _answer(self, action: str) -> Outcome:
         parsed = bracket_command(action)
         if parsed is None or parsed[0] not in ("search", "lookup", "finish"):
             return self._invalid(BAD_FORMAT)

@@ -95,3 +95,20 @@ def test_bad_arguments_are_named():
         HotpotQAEnv().reset(-1)
     with pytest.raises(ValueError, match="max_steps"):
         HotpotQAEnv(max_steps=0)
+
+
+def test_every_step_reports_the_question_kind():
+    kinds = set()
+    for difficulty, allowed in ((0, {*hotpotqa._BRIDGE, *hotpotqa._COMPARISON}),
+                                (2, {*hotpotqa._BRIDGE, *hotpotqa._COMPARISON,
+                                     *hotpotqa._THREE_HOP})):
+        env = HotpotQAEnv(difficulty=difficulty)
+        for i in range(40):
+            env.reset(i)
+            steps = [env.step("lookup[born]"), env.step("search[nobody]"),
+                     env.step("finish[yes]")]
+            reported = {s.info["task_type"] for s in steps}
+            assert len(reported) == 1 and reported <= allowed
+            kinds |= reported
+    assert kinds & set(hotpotqa._BRIDGE) and kinds & set(hotpotqa._COMPARISON)
+    assert kinds & set(hotpotqa._THREE_HOP)
