@@ -103,8 +103,6 @@ def generate(graphdef: nnx.GraphDef, state: nnx.State, prompt_tokens: jax.Array,
     b, p = prompt_tokens.shape
     total = p + max_new_tokens
     prompt_mask = prompt_mask.astype(bool)
-    columns = jnp.arange(total)
-    key_valid = jnp.concatenate([prompt_mask, jnp.ones((b, max_new_tokens), bool)], axis=1)
     if max_new_tokens == 1:
         # Nothing is decoded after the first token, so no cache is needed and the
         # last block runs at the last prompt column only.
@@ -112,6 +110,8 @@ def generate(graphdef: nnx.GraphDef, state: nnx.State, prompt_tokens: jax.Array,
                                          jnp.full((b, 1), p - 1, jnp.int32))
         logits = model.logits(hidden[:, -1])
     else:
+        columns = jnp.arange(total)
+        key_valid = jnp.concatenate([prompt_mask, jnp.ones((b, max_new_tokens), bool)], axis=1)
         prefill_mask = (columns[None, :] <= jnp.arange(p)[:, None])[None] & key_valid[:, None, :]
         cache = init_cache(model.config, b, total)
         logits, values, cache = model.decode(prompt_tokens, positions_from_mask(prompt_mask),
