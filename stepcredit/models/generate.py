@@ -101,7 +101,6 @@ def generate(graphdef: nnx.GraphDef, state: nnx.State, prompt_tokens: jax.Array,
     """
     model = nnx.merge(graphdef, state)
     b, p = prompt_tokens.shape
-    total = p + max_new_tokens
     prompt_mask = prompt_mask.astype(bool)
     if max_new_tokens == 1:
         # Nothing is decoded after the first token, so no cache is needed and the
@@ -110,13 +109,14 @@ def generate(graphdef: nnx.GraphDef, state: nnx.State, prompt_tokens: jax.Array,
                                          jnp.full((b, 1), p - 1, jnp.int32))
         logits = model.logits(hidden[:, -1])
     else:
+        total = p + max_new_tokens
         columns = jnp.arange(total)
         key_valid = jnp.concatenate([prompt_mask, jnp.ones((b, max_new_tokens), bool)], axis=1)
         prefill_mask = (columns[None, :] <= jnp.arange(p)[:, None])[None] & key_valid[:, None, :]
         cache = init_cache(model.config, b, total)
         logits, values, cache = model.decode(prompt_tokens, positions_from_mask(prompt_mask),
                                              prefill_mask, cache, 0)
-    next_position = jnp.sum(prompt_mask, axis=1, dtype=jnp.int32)
+        next_position = jnp.sum(prompt_mask, axis=1, dtype=jnp.int32)
     if choice_markers:
         allowed = choice_mask(prompt_tokens, prompt_mask, choice_markers, logits.shape[-1])
     else:
@@ -129,9 +129,6 @@ def generate(graphdef: nnx.GraphDef, state: nnx.State, prompt_tokens: jax.Array,
     out_logp = jnp.zeros((b, max_new_tokens), jnp.float32).at[:, 0].set(logp)
     out_entropy = jnp.zeros((b, max_new_tokens), jnp.float32).at[:, 0].set(entropy)
     done = ids == eoa_id
-    if max_new_tokens == 1:
-        return Generation(out_tokens, out_logp, out_entropy, jnp.ones((b,), jnp.int32), done,
-                          values[:, -1].astype(jnp.float32))
 
     def cond(carry):
         i, _, _, done, *_ = carry
@@ -153,8 +150,9 @@ def generate(graphdef: nnx.GraphDef, state: nnx.State, prompt_tokens: jax.Array,
         done = done | (ids == eoa_id)
         return i + 1, key, cache, done, out_tokens, out_logp, out_entropy
 
-    carry = (jnp.int32(1), key, cache, done, out_tokens, out_logp, out_entropy)
-    _, _, _, done, out_tokens, out_logp, out_entropy = jax.lax.while_loop(cond, body, carry)
+    if max_new_tokens > 1:
+        carry = (jnp.int32(1), key, cache, done, out_tokens, out_logp, out_entropy)
+        _, _, _, done, out_tokens, out_logp, out_entropy = jax.lax.while_loop(cond, body, carry)
     lengths = jnp.where(done, jnp.argmax(out_tokens == eoa_id, axis=1) + 1, max_new_tokens)
     return Generation(out_tokens, out_logp, out_entropy, lengths.astype(jnp.int32), done,
                       values[:, -1].astype(jnp.float32))
