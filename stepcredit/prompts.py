@@ -9,7 +9,7 @@ admissible actions. The layout, with the tokenizer's special ids::
       <obs> OBS_{t-k} <act> ACTION_{t-k} <eoa>      (k = number of history pairs kept)
       ...
       <obs> OBS_{t-1} <act> ACTION_{t-1} <eoa>
-    <obs> OBS_t [<adm> A_1 <sep> A_2 <sep> ... A_n] <act>
+    <obs> OBS_t [<adm> A_1 <sep> A_2 <sep> ... A_n <sep>] <act>
 
 The policy continues the prompt with its action tokens and `<eoa>`, exactly the
 shape of a history pair, so a step row is `prompt ids + action ids`.
@@ -92,8 +92,11 @@ def build_step_prompt(tokenizer: Tokenizer, *, task: str, observation: str,
         whose state is the current observation).
       max_tokens: the maximum prompt length in tokens.
       choice_labels: label the k-th admissible action with the tokenizer's
-        choice token `<k>` (`<adm> <1>: go to desk 1 <sep> <2>: look`), so a
-        policy names any action with one token.
+        choice token `<k>`, placed after the action's text
+        (`<adm> go to desk 1 <1> <sep> look <2> <sep>`), so a policy names any
+        action with one token, and the label's hidden state, which attends to
+        the text before it, can stand for the whole action (the pointer of
+        `TransformerPolicy.choice_logits`).
 
     Returns:
       A `StepPrompt`.
@@ -117,8 +120,8 @@ def build_step_prompt(tokenizer: Tokenizer, *, task: str, observation: str,
                              f"the tokenizer has {len(sp.choices)} choice tokens to label them")
         admissible = [sp.adm]
         for i, action in enumerate(admissible_actions):
-            label = [sp.choices[i]] + tokenizer.encode(": ") if choice_labels else []
-            admissible += ([sp.sep] if i else []) + label + tokenizer.encode(action)
+            label = [sp.choices[i]] if choice_labels else []
+            admissible += tokenizer.encode(action) + label + [sp.sep]
 
     minimal = len(prefix) + len(current) + len(suffix)
     if minimal > max_tokens:

@@ -117,8 +117,9 @@ class RolloutConfig:
       constrain_choice: with "choice", the policy samples one token among the
         choice tokens on offer (action masking over the admissible actions, as
         text-game agents choose among valid commands), so no output is
-        malformed; False lets it emit any tokens, and malformed outputs are
-        invalid actions.
+        malformed, and points at the label it picks
+        (`TransformerPolicy.choice_logits`); False lets it emit any tokens from
+        its language-model head, and malformed outputs are invalid actions.
       invalid_action_penalty: subtracted from a step's reward when the
         environment marks its action invalid (0.1 in the GiGPO, iStar and
         StepPO scripts; clarification 16: set here, not in the environment).
@@ -153,12 +154,12 @@ class RolloutConfig:
 
 
 def choice_markers(tokenizer: Tokenizer, config: RolloutConfig) -> tuple[int, ...]:
-    """The marker ids that precede choosable ids under `config` (() when unconstrained).
+    """The marker ids that follow choosable ids under `config` (() when unconstrained).
 
-    The prompt lists admissible actions as "<adm> <1>: ... <sep> <2>: ...", so the
-    ids after `<adm>` and `<sep>` are the choice tokens on offer.
+    The prompt lists admissible actions as "<adm> ... <1> <sep> ... <2> <sep>", so
+    the ids before `<sep>` are the choice tokens on offer.
     """
-    return (tokenizer.special.adm, tokenizer.special.sep) if config.constrained else ()
+    return (tokenizer.special.sep,) if config.constrained else ()
 
 
 class Rollout(NamedTuple):

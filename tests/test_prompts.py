@@ -28,7 +28,7 @@ def test_layout_with_window_and_admissible_actions():
         "<bos><task>Find a red mug and put it on the desk."
         "<obs>You see cabinet 4.<act>go to cabinet 4<eoa>"
         "<obs>You see cabinet 5.<act>go to cabinet 5<eoa>"
-        "<obs>You see a red mug.<adm>take red mug<sep>look<sep>go to desk<act>")
+        "<obs>You see a red mug.<adm>take red mug<sep>look<sep>go to desk<sep><act>")
     assert prompt.ids[0] == SP.bos and prompt.ids[-1] == SP.act
     assert (prompt.history_used, prompt.history_dropped, prompt.admissible_dropped,
             prompt.num_unknown) == (2, 0, False, 0)
@@ -126,11 +126,9 @@ def test_unknown_words_are_counted_and_metrics_aggregate():
 def test_choice_labels_number_the_admissible_actions_with_one_token_each():
     prompt = build_step_prompt(TOK, task=TASK, observation=OBS, admissible_actions=ADMISSIBLE,
                                window=0, max_tokens=512, choice_labels=True)
-    assert _decode(prompt).endswith("<adm>1: take red mug<sep>2: look<sep>3: go to desk<act>")
-    adm = prompt.ids.index(SP.adm)
-    assert prompt.ids[adm + 1] == SP.choices[0]
-    after_sep = [prompt.ids[i + 1] for i, t in enumerate(prompt.ids) if t == SP.sep]
-    assert after_sep == list(SP.choices[1:3])
+    assert _decode(prompt).endswith("<adm>take red mug1<sep>look2<sep>go to desk3<sep><act>")
+    before_sep = [prompt.ids[i - 1] for i, t in enumerate(prompt.ids) if t == SP.sep]
+    assert before_sep == list(SP.choices[:3])
     with pytest.raises(ValueError, match="200 admissible actions but the tokenizer has 128"):
         build_step_prompt(TOK, task=TASK, observation=OBS, admissible_actions=["look"] * 200,
                           window=0, max_tokens=10_000, choice_labels=True)

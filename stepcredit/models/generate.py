@@ -5,7 +5,8 @@ runs a `lax.while_loop` over new tokens (one cached forward pass per token)
 until every row has sampled the end-of-action token or `max_new_tokens` is
 reached. A one-token action (`max_new_tokens=1`, the choice format) needs no
 cache: the last block then runs at the last prompt column only
-(`TransformerPolicy.hidden_at`). Shapes are static: the batch size, the prompt
+(`TransformerPolicy.hidden_at`), and, given choice markers, at the labels the
+policy points at (`TransformerPolicy.choice_logits`). Shapes are static: the batch size, the prompt
 width P and `max_new_tokens` fix the compiled program; the temperature and the
 special ids are traced, so changing them does not recompile.
 
@@ -26,8 +27,6 @@ import jax.numpy as jnp
 from flax import nnx
 
 from stepcredit.models.transformer import (
-    choice_mask,
-    constrain_logits,
     init_cache,
     positions_from_mask,
     token_logprobs_and_entropy,
@@ -91,23 +90,35 @@ def generate(graphdef: nnx.GraphDef, state: nnx.State, prompt_tokens: jax.Array,
       pad_id: written after a row's end.
       temperature: T > 0 samples from softmax(logits / T); T <= 0 is greedy
         (argmax), with log-probs and entropies of softmax(logits).
-      choice_markers: when given (static), every token is drawn from the ids
-        that follow these markers in the prompt (`choice_mask`: the labels of
-        a list of admissible actions); `score_rows` with the same markers
+      choice_markers: when given (static), the one token (`max_new_tokens`
+        must be 1) is drawn from the labels that these markers follow in the
+        prompt (a numbered list of admissible actions), by
+        `TransformerPolicy.choice_logits`; `score_rows` with the same markers
         gives the same log-probs.
 
     Returns:
       A `Generation`.
+
+    Raises:
+      ValueError: `choice_markers` with `max_new_tokens` > 1.
     """
+    if choice_markers and max_new_tokens != 1:
+        raise ValueError(f"generate: choice_markers choose one label, so max_new_tokens must be "
+                         f"1, got {max_new_tokens}")
     model = nnx.merge(graphdef, state)
     b, p = prompt_tokens.shape
     prompt_mask = prompt_mask.astype(bool)
     if max_new_tokens == 1:
         # Nothing is decoded after the first token, so no cache is needed and the
         # last block runs at the last prompt column only.
-        hidden, values = model.hidden_at(prompt_tokens, prompt_mask,
-                                         jnp.full((b, 1), p - 1, jnp.int32))
-        logits = model.logits(hidden[:, -1])
+        last_column = jnp.full((b, 1), p - 1, jnp.int32)
+        if choice_markers:
+            logits, values = model.choice_logits(prompt_tokens, prompt_mask, last_column,
+                                                 choice_markers)
+            logits = logits[:, -1]
+        else:
+            hidden, values = model.hidden_at(prompt_tokens, prompt_mask, last_column)
+            logits = model.logits(hidden[:, -1])
     else:
         total = p + max_new_tokens
         columns = jnp.arange(total)
@@ -117,14 +128,9 @@ def generate(graphdef: nnx.GraphDef, state: nnx.State, prompt_tokens: jax.Array,
         logits, values, cache = model.decode(prompt_tokens, positions_from_mask(prompt_mask),
                                              prefill_mask, cache, 0)
         next_position = jnp.sum(prompt_mask, axis=1, dtype=jnp.int32)
-    if choice_markers:
-        allowed = choice_mask(prompt_tokens, prompt_mask, choice_markers, logits.shape[-1])
-    else:
-        allowed = jnp.ones((b, logits.shape[-1]), bool)
-
     done = jnp.zeros((b,), bool)
     key, sub = jax.random.split(key)
-    ids, logp, entropy = _sample(sub, constrain_logits(logits, allowed), temperature, done)
+    ids, logp, entropy = _sample(sub, logits, temperature, done)
     out_tokens = jnp.full((b, max_new_tokens), pad_id, jnp.int32).at[:, 0].set(ids)
     out_logp = jnp.zeros((b, max_new_tokens), jnp.float32).at[:, 0].set(logp)
     out_entropy = jnp.zeros((b, max_new_tokens), jnp.float32).at[:, 0].set(entropy)
@@ -143,7 +149,7 @@ def generate(graphdef: nnx.GraphDef, state: nnx.State, prompt_tokens: jax.Array,
         logits, _, cache = model.decode(out_tokens[:, i - 1][:, None], positions, attn_mask,
                                         cache, column)
         key, sub = jax.random.split(key)
-        ids, logp, entropy = _sample(sub, constrain_logits(logits, allowed), temperature, done)
+        ids, logp, entropy = _sample(sub, logits, temperature, done)
         out_tokens = out_tokens.at[:, i].set(jnp.where(done, pad_id, ids))
         out_logp = out_logp.at[:, i].set(logp)
         out_entropy = out_entropy.at[:, i].set(entropy)

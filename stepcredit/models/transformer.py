@@ -2,8 +2,9 @@
 
 Architecture: token embedding, `num_layers` pre-LayerNorm blocks (multi-head
 causal self-attention with rotary position embeddings, then a GELU MLP), a final
-LayerNorm, a language-model head (tied to the embedding by default) and a scalar
-value head at every position.
+LayerNorm, a language-model head (tied to the embedding by default), a scalar
+value head at every position and a pointer head that scores the labels of a
+numbered list of admissible actions (`TransformerPolicy.choice_logits`).
 
 Value convention (clarification 2, verl's shifted slice): `values[:, n]` is the
 critic's estimate of the state after tokens `0..n`, so the value *of token n*
@@ -44,16 +45,21 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from stepcredit.models.tokenizer import MAX_CHOICES
+
 KVCache = tuple[tuple[jax.Array, jax.Array], ...]
 """Per layer, the cached keys and values, each `[B, S, num_heads, head_dim]`."""
+
+_EXCLUDED_LOGIT = -1e9
+"""The logit of the ids a choice excludes: finite, so that p log p is 0, not NaN."""
 
 
 @dataclasses.dataclass(frozen=True)
 class TransformerConfig:
     """The architecture of a `TransformerPolicy`.
 
-    The defaults give about 1.6M parameters plus `vocab_size * d_model` for the
-    embedding (about 2.1M with a 2,000-token vocabulary).
+    The defaults give about 1.7M parameters plus `vocab_size * d_model` for the
+    embedding (about 2.2M with a 2,000-token vocabulary).
 
     Attributes:
       vocab_size: the number of token ids (at least the tokenizer's).
@@ -177,6 +183,8 @@ class TransformerPolicy(nnx.Module):
                         nnx.Linear(d, config.vocab_size, use_bias=False, kernel_init=init,
                                    rngs=rngs))
         self.value_head = nnx.Linear(d, 1, kernel_init=nnx.initializers.zeros, rngs=rngs)
+        self.choice_query = nnx.Linear(d, d, kernel_init=init, rngs=rngs)
+        self.choice_key = nnx.Linear(d, d, kernel_init=init, rngs=rngs)
 
     def _run(self, tokens, positions, attn_mask, cache, cache_index, last_query=None):
         x = self.embed(tokens)
@@ -217,6 +225,52 @@ class TransformerPolicy(nnx.Module):
         h, values, _ = self._run(tokens, positions_from_mask(mask), _causal_mask(mask), None, 0,
                                  last_query=(columns, query_mask))
         return h, values
+
+    def choice_logits(self, tokens: jax.Array, mask: jax.Array, columns: jax.Array,
+                      marker_ids: Sequence[int]) -> tuple[jax.Array, jax.Array]:
+        """Logits at `columns` `[B, W]` over the labels of a numbered list, by pointing.
+
+        A label is an id directly followed by one of `marker_ids` (the list
+        `<adm> go to desk 1 <1> <sep> look <2> <sep>` ends each action with its
+        label and `<sep>`), so its hidden state has read the action's text. With
+        h the final hidden states, q = W_q h[column] and k_j = W_k h[label_j]:
+
+            logit(label_j) = q . k_j / sqrt(d_model),
+
+        and every other id gets an excluded logit. This scores each admissible
+        action against the state, as DRRN does (arXiv 1511.04636), with a
+        pointer over the prompt's own positions (arXiv 1506.03134): the policy
+        needs to find the right action, not to copy its label's identity into
+        the language-model head. A row without labels (its list was dropped to
+        fit the prompt) keeps the language-model head, unconstrained.
+
+        Args:
+          tokens: `[B, L]` int ids.
+          mask: `[B, L]` bool, true on real tokens.
+          columns: `[B, W]` int, the columns whose next token is chosen.
+          marker_ids: the ids that follow a label.
+
+        Returns:
+          `(logits [B, W, vocab_size], values [B, W])`, values as `hidden_at`'s.
+        """
+        is_label = label_positions(tokens, mask, marker_ids)
+        batch, width = columns.shape
+        slots = min(MAX_CHOICES, tokens.shape[1])
+        label_columns = jax.vmap(lambda row: jnp.nonzero(row, size=slots, fill_value=0)[0])(
+            is_label)
+        is_slot = jnp.take_along_axis(is_label, label_columns, axis=1)
+        hidden, values = self.hidden_at(tokens, mask,
+                                        jnp.concatenate([columns, label_columns], axis=1))
+        query = self.choice_query(hidden[:, :width])
+        keys = self.choice_key(hidden[:, width:])
+        scores = jnp.einsum("bwd,bcd->bcw", query, keys) / math.sqrt(query.shape[-1])
+        vocab = self.config.vocab_size
+        # Empty slots scatter to the out-of-range id `vocab`, which mode="drop" discards.
+        label_ids = jnp.where(is_slot, jnp.take_along_axis(tokens, label_columns, axis=1), vocab)
+        pointed = jnp.full((batch, width, vocab), _EXCLUDED_LOGIT, scores.dtype).at[
+            jnp.arange(batch)[:, None], :, label_ids].set(scores, mode="drop")
+        has_labels = jnp.any(is_label, axis=1)[:, None, None]
+        return jnp.where(has_labels, pointed, self.logits(hidden[:, :width])), values[:, :width]
 
     def __call__(self, tokens: jax.Array, mask: jax.Array,
                  positions: jax.Array | None = None) -> tuple[jax.Array, jax.Array]:
@@ -335,41 +389,21 @@ class RowScores(NamedTuple):
     values: jax.Array
 
 
-_EXCLUDED_LOGIT = -1e9
-"""The logit given to ids a choice constraint excludes: finite, so that p log p is 0, not NaN."""
+def label_positions(tokens: jax.Array, mask: jax.Array, marker_ids: Sequence[int]) -> jax.Array:
+    """`[B, L]` bool: the real tokens directly followed by one of `marker_ids`.
 
-
-def choice_mask(tokens: jax.Array, mask: jax.Array, marker_ids: Sequence[int],
-                vocab_size: int) -> jax.Array:
-    """The ids a row may choose: those that directly follow one of `marker_ids`.
-
-    A numbered list in a prompt ("<adm> <1>: go to desk 1 <sep> <2>: look") puts
-    each item's label right after a marker, so with markers (<adm>, <sep>)
-    the allowed ids are exactly the labels on offer. A row without any marker
-    (its list was dropped to fit the prompt budget) is left unconstrained.
+    A numbered list in a prompt (`<adm> go to desk 1 <1> <sep> look <2> <sep>`)
+    ends each item with its label and a marker, so with marker `<sep>` these
+    are exactly the labels on offer.
 
     Args:
       tokens: `[B, L]` int ids.
       mask: `[B, L]` bool, true on real tokens.
-      marker_ids: the ids that precede a choosable id.
-      vocab_size: V.
-
-    Returns:
-      `[B, V]` bool: allowed[b, v] is true when v may be chosen in row b.
+      marker_ids: the ids that follow a label.
     """
     mask = mask.astype(bool)
-    is_marker = jnp.isin(tokens[:, :-1], jnp.asarray(marker_ids, tokens.dtype))
-    follows = is_marker & mask[:, :-1] & mask[:, 1:]
-    rows = jnp.broadcast_to(jnp.arange(tokens.shape[0])[:, None], follows.shape)
-    # Non-following positions write False, which `max` leaves unchanged.
-    allowed = jnp.zeros((tokens.shape[0], vocab_size), bool).at[rows, tokens[:, 1:]].max(follows)
-    return allowed | ~jnp.any(allowed, axis=1, keepdims=True)
-
-
-def constrain_logits(logits: jax.Array, allowed: jax.Array) -> jax.Array:
-    """`logits` `[B, ..., V]` with the ids outside `allowed` `[B, V]` excluded."""
-    allowed = allowed.reshape(allowed.shape[:1] + (1,) * (logits.ndim - 2) + allowed.shape[1:])
-    return jnp.where(allowed, logits, _EXCLUDED_LOGIT)
+    followed = jnp.isin(tokens[:, 1:], jnp.asarray(marker_ids, tokens.dtype)) & mask[:, 1:]
+    return jnp.concatenate([followed & mask[:, :-1], jnp.zeros_like(mask[:, :1])], axis=1)
 
 
 def _has_previous(mask: jax.Array) -> jax.Array:
@@ -403,18 +437,20 @@ def score_rows(graphdef: nnx.GraphDef, state: nnx.State, tokens: jax.Array, mask
       tokens: `[B, L]` int ids.
       mask: `[B, L]` bool, true on real tokens (left or right padding).
       temperature: scalar > 0 (traced: changing it does not recompile).
-      choice_markers: when given, the policy chooses among the ids that follow
-        these markers in the row (`choice_mask`), as `generate` does with the
-        same markers; score only the action tokens of such rows.
+      choice_markers: when given, the policy chooses among the labels that
+        these markers follow (`TransformerPolicy.choice_logits`), as `generate`
+        does with the same markers; score only the action tokens of such rows.
 
     Returns:
       `RowScores` of `[B, L]` arrays (0 where there is no previous real token).
     """
     mask = mask.astype(bool)
-    logits, values = nnx.merge(graphdef, state)(tokens, mask)
+    model = nnx.merge(graphdef, state)
     if choice_markers:
-        logits = constrain_logits(logits, choice_mask(tokens, mask, choice_markers,
-                                                      logits.shape[-1]))
+        every_column = jnp.broadcast_to(jnp.arange(tokens.shape[1]), tokens.shape)
+        logits, values = model.choice_logits(tokens, mask, every_column, choice_markers)
+    else:
+        logits, values = model(tokens, mask)
     has_prev = _has_previous(mask)
     logp, entropy = token_logprobs_and_entropy(logits[:, :-1] / temperature, tokens[:, 1:],
                                                has_prev[:, 1:])
@@ -451,11 +487,12 @@ def score_actions(graphdef: nnx.GraphDef, state: nnx.State, tokens: jax.Array, m
     columns = jnp.minimum(wanted, length - 1)
     is_action = jnp.take_along_axis(action_mask, columns, axis=1) & (wanted < length)
     # Token n is predicted by the hidden state at n - 1, and its value is the critic's there.
-    hidden, values = model.hidden_at(tokens, mask, jnp.maximum(columns - 1, 0))
-    logits = model.logits(hidden)
+    predicting = jnp.maximum(columns - 1, 0)
     if choice_markers:
-        allowed = choice_mask(tokens, mask, choice_markers, logits.shape[-1])
-        logits = constrain_logits(logits, allowed)
+        logits, values = model.choice_logits(tokens, mask, predicting, choice_markers)
+    else:
+        hidden, values = model.hidden_at(tokens, mask, predicting)
+        logits = model.logits(hidden)
     logp, entropy = token_logprobs_and_entropy(logits / temperature,
                                                jnp.take_along_axis(tokens, columns, axis=1),
                                                is_action)

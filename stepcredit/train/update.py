@@ -38,9 +38,9 @@ class LossConfig:
       kl_coef, kl_kind: KL penalty to the reference policy (0: none).
       entropy_coef: entropy bonus weight.
       temperature: the sampling temperature the log-probs refer to.
-      choice_markers: the policy chooses among the ids that follow these
-        markers in each row (the rollout's constrained "choice" format; see
-        `stepcredit.models.choice_mask`); () leaves it unconstrained.
+      choice_markers: the policy points at the labels that these markers
+        follow in each row (the rollout's constrained "choice" format; see
+        `TransformerPolicy.choice_logits`); () leaves it unconstrained.
       action_width: the most action tokens in a row; when given, the
         language-model head runs on the action tokens only
         (`stepcredit.models.score_actions`); None scores every position.

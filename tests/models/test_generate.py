@@ -3,14 +3,15 @@
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 from flax import nnx
 
 from stepcredit.models.generate import generate
 from stepcredit.models.transformer import (
     TransformerConfig,
     TransformerPolicy,
-    choice_mask,
     forward,
+    label_positions,
     pack_rows,
     score_rows,
 )
@@ -111,26 +112,27 @@ def test_rows_stop_after_the_end_of_action_token():
     assert jnp.issubdtype(gen.tokens.dtype, jnp.integer) and gen.values.shape == (3,)
 
 
-MARKERS = (60, 61)   # stand-ins for <adm> and <sep>: the ids after them may be chosen
-CHOICE_PROMPTS = [[1, 60, 21, 5, 61, 22, 6, 61, 23], [1, 60, 30, 61, 31], [1, 5, 9]]
+MARKERS = (61,)   # a stand-in for <sep>: the ids before it are the labels on offer
+CHOICE_PROMPTS = [[1, 60, 5, 21, 61, 6, 22, 61, 7, 23, 61], [1, 60, 9, 30, 61, 31, 61], [1, 5, 9]]
 
 
-def test_choice_mask_allows_exactly_the_ids_after_a_marker():
-    rows = pack_rows(CHOICE_PROMPTS, length=10, pad_id=PAD, side="left")
-    allowed = np.asarray(choice_mask(rows.tokens, rows.mask, MARKERS, V))
-    assert set(np.flatnonzero(allowed[0])) == {21, 22, 23}
-    assert set(np.flatnonzero(allowed[1])) == {30, 31}
-    assert allowed[2].all()   # no list in the prompt: unconstrained
+def test_label_positions_are_exactly_the_ids_before_a_marker():
+    rows = pack_rows(CHOICE_PROMPTS, length=12, pad_id=PAD, side="left")
+    labels = np.asarray(label_positions(rows.tokens, rows.mask, MARKERS))
+    assert [set(rows.tokens[b][labels[b]]) for b in range(3)] == [{21, 22, 23}, {30, 31}, set()]
+    # A marker right after left padding makes no label of the padding.
+    padded = pack_rows([[61, 5]], length=4, pad_id=PAD, side="left")
+    assert not np.asarray(label_positions(padded.tokens, padded.mask, MARKERS)).any()
 
 
 def test_constrained_generation_samples_offered_ids_with_the_scored_logprobs():
-    rows = pack_rows(CHOICE_PROMPTS, length=10, pad_id=PAD, side="left")
+    rows = pack_rows(CHOICE_PROMPTS, length=12, pad_id=PAD, side="left")
     for temperature in (1.0, 0.0):
         gen = jax.tree.map(np.asarray, generate(
             GRAPHDEF, STATE, rows.tokens, rows.mask, jax.random.key(5), max_new_tokens=1,
             eoa_id=EOA, pad_id=PAD, temperature=temperature, choice_markers=MARKERS))
         assert gen.tokens[0, 0] in (21, 22, 23) and gen.tokens[1, 0] in (30, 31)
-        full = pack_rows(CHOICE_PROMPTS, [row[:1] for row in gen.tokens], length=11, pad_id=PAD,
+        full = pack_rows(CHOICE_PROMPTS, [row[:1] for row in gen.tokens], length=13, pad_id=PAD,
                          side="left")
         scores = jax.tree.map(np.asarray, score_rows(GRAPHDEF, STATE, full.tokens, full.mask,
                                                      1.0, choice_markers=MARKERS))
@@ -141,6 +143,13 @@ def test_constrained_generation_samples_offered_ids_with_the_scored_logprobs():
         # The offered ids carry all the probability: the entropy is at most log(#offered).
         assert gen.entropies[0, 0] <= np.log(3) + 1e-5 and gen.entropies[1, 0] <= np.log(2) + 1e-5
         assert np.all(np.isfinite(scores.logprobs)) and np.all(np.isfinite(scores.entropies))
+
+
+def test_constrained_generation_needs_one_token_actions():
+    rows = pack_rows(CHOICE_PROMPTS, length=12, pad_id=PAD, side="left")
+    with pytest.raises(ValueError, match="max_new_tokens must be 1, got 2"):
+        generate(GRAPHDEF, STATE, rows.tokens, rows.mask, jax.random.key(0), max_new_tokens=2,
+                 eoa_id=EOA, pad_id=PAD, choice_markers=MARKERS)
 
 
 def test_one_token_generation_equals_the_first_token_of_cached_generation():

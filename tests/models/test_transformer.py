@@ -98,10 +98,18 @@ def test_score_rows_aligns_logprobs_and_values_with_the_token_they_belong_to():
         assert np.all(scores.logprobs[b][~rows.mask[b]] == 0)
 
 
-@pytest.mark.parametrize("side,markers", [("right", ()), ("left", ()), ("right", (5, 9))])
-def test_score_actions_equals_score_rows_at_the_action_tokens(side, markers):
-    rows = pack_rows([[5, 6, 7, 8], [9, 10], [3, 4, 5, 6, 7, 8]], [[11, 12, 2], [13, 2], [2]],
-                     length=L, pad_id=0, side=side)
+SEP = 9   # a stand-in for <sep>: the ids before it label admissible actions
+TEXT_ROWS = ([[5, 6, 7, 8], [9, 10], [3, 4, 5, 6, 7, 8]], [[11, 12, 2], [13, 2], [2]])
+# The last row offers no labels, so it keeps the language-model head.
+CHOICE_ROWS = ([[5, 20, SEP, 6, 21, SEP, 4], [7, 22, SEP, 4], [3, 4, 5, 6]], [[21], [22], [4]])
+
+
+@pytest.mark.parametrize("side,markers,prompts_actions", [("right", (), TEXT_ROWS),
+                                                          ("left", (), TEXT_ROWS),
+                                                          ("right", (SEP,), CHOICE_ROWS),
+                                                          ("left", (SEP,), CHOICE_ROWS)])
+def test_score_actions_equals_score_rows_at_the_action_tokens(side, markers, prompts_actions):
+    rows = pack_rows(*prompts_actions, length=L, pad_id=0, side=side)
     full = jax.tree.map(np.asarray, score_rows(GRAPHDEF, STATE, rows.tokens, rows.mask, 0.7,
                                                choice_markers=markers))
     fast = jax.tree.map(np.asarray, score_actions(GRAPHDEF, STATE, rows.tokens, rows.mask,
@@ -133,6 +141,35 @@ def test_hidden_at_equals_hidden_gathered_at_the_columns(num_layers):
     np.testing.assert_allclose(at_values, jnp.take_along_axis(values, columns, 1), atol=1e-5)
 
 
+def test_choice_logits_point_at_each_label_with_the_scaled_query_key_product():
+    model = _model_with_value_head()
+    for layer in (model.choice_query, model.choice_key):   # sharpen the near-uniform start
+        layer.kernel[...] = layer.kernel[...] * 50
+    prompts, _ = CHOICE_ROWS
+    rows = pack_rows(prompts, length=L, pad_id=0, side="left")
+    columns = jnp.asarray([[L - 1], [L - 1], [L - 1]])
+    logits, values = model.choice_logits(rows.tokens, rows.mask, columns, (SEP,))
+    hidden, all_values = map(np.asarray, model.hidden(rows.tokens, rows.mask))
+    q_kernel, k_kernel = np.asarray(model.choice_query.kernel[...]), np.asarray(
+        model.choice_key.kernel[...])
+    q_bias, k_bias = np.asarray(model.choice_query.bias[...]), np.asarray(model.choice_key.bias[...])
+    for b in range(2):
+        query = hidden[b, L - 1] @ q_kernel + q_bias
+        labels = [n for n in range(L - 1) if rows.mask[b, n] and rows.tokens[b, n + 1] == SEP]
+        expected = {int(rows.tokens[b, n]): query @ (hidden[b, n] @ k_kernel + k_bias) / np.sqrt(32)
+                    for n in labels}
+        assert sorted(expected) == sorted(set(prompts[b]) & {20, 21, 22}) and len(expected) >= 1
+        got = np.asarray(logits[b, 0])
+        for label_id, logit in expected.items():
+            np.testing.assert_allclose(got[label_id], logit, rtol=1e-4, atol=1e-4)
+        others = np.setdiff1d(np.arange(V), list(expected))
+        assert np.all(got[others] <= -1e8)
+    assert abs(float(logits[0, 0, 20] - logits[0, 0, 21])) > 1e-3   # the labels score apart
+    # No labels: the language-model head, unconstrained.
+    np.testing.assert_allclose(logits[2, 0], np.asarray(model.logits(hidden[2, L - 1])), atol=1e-4)
+    np.testing.assert_allclose(values[:, 0], all_values[:, L - 1], atol=1e-5)
+
+
 def test_policy_prm_and_reference_have_separate_parameters():
     prm = nnx.clone(MODEL)
     reference = nnx.clone(MODEL)
@@ -162,10 +199,12 @@ def test_default_config_parameter_count():
     model = nnx.eval_shape(lambda: TransformerPolicy(config, rngs=nnx.Rngs(0)))
     per_block = 2 * 2 * 256 + (256 * 768 + 768) + (256 * 256 + 256) + (256 * 1024 + 1024) \
         + (1024 * 256 + 256)
-    assert count_params(model) == 2000 * 256 + 2 * per_block + 2 * 256 + 257 == 2_092_289
+    pointer = 2 * (256 * 256 + 256)
+    expected = 2000 * 256 + 2 * per_block + 2 * 256 + 257 + pointer
+    assert count_params(model) == expected == 2_223_873
     untied = nnx.eval_shape(lambda: TransformerPolicy(
         TransformerConfig(vocab_size=2000, tie_embeddings=False), rngs=nnx.Rngs(0)))
-    assert count_params(untied) == 2_092_289 + 2000 * 256
+    assert count_params(untied) == 2_223_873 + 2000 * 256
 
 
 def test_pack_rows_and_config_errors():

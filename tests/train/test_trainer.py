@@ -92,7 +92,7 @@ def test_constrained_choice_format_trains_and_warm_starts(tmp_path):
     assert trainer.config.warm_start_tasks == 3
     assert 3 <= rows[0]["warm_start/demonstration_rows"] <= 3 * 10  # 3 tasks, <= 10 oracle steps
     special = trainer.tokenizer.special
-    assert trainer.loss_config.choice_markers == (special.adm, special.sep)
+    assert trainer.loss_config.choice_markers == (special.sep,)
 
 
 def test_eval_command_reads_a_checkpoint(tmp_path, capsys):
