@@ -5,10 +5,11 @@ runs a `lax.while_loop` over new tokens (one cached forward pass per token)
 until every row has sampled the end-of-action token or `max_new_tokens` is
 reached. A one-token action (`max_new_tokens=1`, the choice format) needs no
 cache: the last block then runs at the last prompt column only
-(`TransformerPolicy.hidden_at`), and, given choice markers, at the labels the
-policy points at (`TransformerPolicy.choice_logits`). Shapes are static: the batch size, the prompt
-width P and `max_new_tokens` fix the compiled program; the temperature and the
-special ids are traced, so changing them does not recompile.
+(`TransformerPolicy.hidden_at`), and, given choice markers, also at the labels
+the policy points at (`TransformerPolicy.choice_logits`). Shapes are static: the
+batch size, the prompt width P and `max_new_tokens` fix the compiled program;
+the temperature and the special ids are traced, so changing them does not
+recompile.
 
 Token exactness: the returned ids are the ids that were sampled, with the
 log-probs and entropies of the distribution they were sampled from. Scoring the

@@ -141,6 +141,11 @@ def test_hidden_at_equals_hidden_gathered_at_the_columns(num_layers):
     np.testing.assert_allclose(at_values, jnp.take_along_axis(values, columns, 1), atol=1e-5)
 
 
+def _project(layer, h):
+    """A linear layer applied in NumPy."""
+    return h @ np.asarray(layer.kernel[...]) + np.asarray(layer.bias[...])
+
+
 def test_choice_logits_point_at_each_label_with_the_scaled_query_key_product():
     model = _model_with_value_head()
     for layer in (model.choice_query, model.choice_key):   # sharpen the near-uniform start
@@ -150,14 +155,11 @@ def test_choice_logits_point_at_each_label_with_the_scaled_query_key_product():
     columns = jnp.asarray([[L - 1], [L - 1], [L - 1]])
     logits, values = model.choice_logits(rows.tokens, rows.mask, columns, (SEP,))
     hidden, all_values = map(np.asarray, model.hidden(rows.tokens, rows.mask))
-    q_kernel, k_kernel = np.asarray(model.choice_query.kernel[...]), np.asarray(
-        model.choice_key.kernel[...])
-    q_bias, k_bias = np.asarray(model.choice_query.bias[...]), np.asarray(model.choice_key.bias[...])
     for b in range(2):
-        query = hidden[b, L - 1] @ q_kernel + q_bias
+        query = _project(model.choice_query, hidden[b, L - 1])
         labels = [n for n in range(L - 1) if rows.mask[b, n] and rows.tokens[b, n + 1] == SEP]
-        expected = {int(rows.tokens[b, n]): query @ (hidden[b, n] @ k_kernel + k_bias) / np.sqrt(32)
-                    for n in labels}
+        expected = {int(rows.tokens[b, n]): query @ _project(model.choice_key, hidden[b, n])
+                    / np.sqrt(32) for n in labels}
         assert sorted(expected) == sorted(set(prompts[b]) & {20, 21, 22}) and len(expected) >= 1
         got = np.asarray(logits[b, 0])
         for label_id, logit in expected.items():
