@@ -128,6 +128,15 @@ class SimulatorEnv(abc.ABC):
         self._closed = True
         self._running = False
 
+    def expert_action(self) -> str:
+        """The action a demonstrating expert takes now: the oracle's next action.
+
+        A simulator whose oracle uses what the agent cannot observe (ALFWorld's
+        knows where unseen objects lie) overrides this with an expert that
+        searches, so that its demonstrations can be imitated.
+        """
+        return self.oracle_actions()[0]
+
     def _invalid(self, message: str, **extra: Any) -> Outcome:
         """The answer to an invalid action: the message as the observation text,
         with the admissible actions and anchor of the unchanged state."""

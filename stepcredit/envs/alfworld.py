@@ -344,6 +344,7 @@ class AlfWorldEnv(SimulatorEnv):
         self._pos = list(task.positions)
         self._flags = [0] * len(task.objects)
         self._opened = [0] * len(room.names)
+        self._seen: set[int] = set()  # receptacles whose contents the agent has seen
         self._contents: list[list[int]] = [[] for _ in room.names]
         for o, r in enumerate(task.positions):
             self._contents[r].append(o)
@@ -381,7 +382,7 @@ class AlfWorldEnv(SimulatorEnv):
             if r is None or r == self._loc:
                 return None
             self._loc = r
-            return f"You arrive at {room.names[r]}. {self._describe(r)}"
+            return f"You arrive at {room.names[r]}. {self._reveal(r)}"
         if verb == "take":
             o_name, sep, r_name = rest.partition(" from ")
             o, r = self._object_index.get(o_name), room.index.get(r_name)
@@ -413,7 +414,7 @@ class AlfWorldEnv(SimulatorEnv):
             self._opened[r] = int(verb == "open")
             if verb == "close":
                 return f"You close the {rest}."
-            return f"You open the {rest}. {self._describe(r)}"
+            return f"You open the {rest}. {self._reveal(r)}"
         if verb in ("clean", "heat", "cool"):
             o_name, sep, r_name = rest.partition(" with ")
             o, r = self._object_index.get(o_name), room.index.get(r_name)
@@ -430,7 +431,7 @@ class AlfWorldEnv(SimulatorEnv):
         if verb == "examine":
             r = room.index.get(rest)
             if r is not None and r == self._loc:
-                return self._describe(r)
+                return self._reveal(r)
             o = self._object_index.get(rest)
             if o is not None and o == self._held:
                 adjectives = [a for bit, a in ((_CLEAN, "clean"), (_HOT, "hot"), (_COOL, "cool"))
@@ -442,7 +443,7 @@ class AlfWorldEnv(SimulatorEnv):
         if action == "look":
             if self._loc < 0:
                 return room.overview
-            return f"You are facing the {room.names[self._loc]}. {self._describe(self._loc)}"
+            return f"You are facing the {room.names[self._loc]}. {self._reveal(self._loc)}"
         if action == "inventory":
             if self._held < 0:
                 return "You are not carrying anything."
@@ -451,6 +452,12 @@ class AlfWorldEnv(SimulatorEnv):
 
     def _visible(self, r: int) -> bool:
         return self._opened[r] or not self._task.room.openable[r]
+
+    def _reveal(self, r: int) -> str:
+        """`_describe(r)`, noting that the agent has now seen what `r` holds."""
+        if self._visible(r):
+            self._seen.add(r)
+        return self._describe(r)
 
     def _describe(self, r: int) -> str:
         room, name = self._task.room, self._task.room.names[r]
@@ -518,21 +525,52 @@ class AlfWorldEnv(SimulatorEnv):
         one `put`), applies the task's appliance if needed, and carries it to a goal
         receptacle (or to the lamp); opening is paid once per closed receptacle
         used. The plan is the shortest over the choice of target objects, goal
-        receptacle and appliance.
+        receptacle and appliance. The oracle knows where every object is, seen
+        or not; `expert_action` is the expert that searches.
         """
         self._require_running("oracle_actions")
         anchor = self._obs.anchor
         if self._plan_cache[0] != anchor:
-            self._plan_cache = (anchor, self._shortest_plan())
+            self._plan_cache = (anchor, self._shortest_plan(self._target_objects))
         return self._plan_cache[1]
 
     def oracle_distance(self) -> int:
         """The number of steps of a shortest solution from the current state."""
         return len(self.oracle_actions())
 
-    def _shortest_plan(self) -> tuple[str, ...]:
+    def expert_action(self) -> str:
+        """The next command of an expert that knows only what the agent has seen.
+
+        The targets it knows are the ones held or lying in a receptacle whose
+        contents the agent has seen (only the agent moves objects, so a seen
+        receptacle stays known). With enough of them, and the lamp seen for a
+        look task, it follows the oracle's shortest plan over the known targets
+        (for two objects, it carries a first one to the goal while the second
+        is still unknown). Otherwise it searches: it goes to the first unseen
+        receptacle, in the overview's order, with those that may hold the
+        target (not a goal, not an appliance) and then those in plain sight
+        first, and opens it on arrival. ALFWorld's hand-coded expert searches
+        in the same way (arXiv 2010.03768); unlike the oracle, which walks
+        straight to objects nobody has seen, its choices follow from the
+        observations, so its demonstrations can be imitated.
+        """
+        self._require_running("expert_action")
         task, room = self._task, self._task.room
-        targets = self._target_objects
+        lamp_known = task.task_type != "look_at_obj_in_light" or room.lamp in self._seen
+        known = [o for o in self._target_objects if self._pos[o] < 0 or self._pos[o] in self._seen]
+        plan = self._shortest_plan(known) if lamp_known else ()
+        if plan:
+            return plan[0]
+        unseen = [r for r in range(len(room.names)) if r not in self._seen]
+        starts = set(room.starts)
+        r = min(unseen, key=lambda r: (room.types[r] == task.goal or r not in starts,
+                                       room.openable[r], r))
+        return f"open {room.names[r]}" if r == self._loc else f"go to {room.names[r]}"
+
+    def _shortest_plan(self, targets: list[int]) -> tuple[str, ...]:
+        """The shortest plan that uses only `targets`; for two objects, one that
+        places as many as `targets` allow; () when they allow no progress."""
+        task, room = self._task, self._task.room
         goals = sorted(self._goal_set)
         plans = []
         if task.task_type == "look_at_obj_in_light":
@@ -544,15 +582,21 @@ class AlfWorldEnv(SimulatorEnv):
                     plan.act(f"use {_LAMP}")
                 plans.append(plan.actions)
         elif task.task_type == "pick_two_obj":
+            placed = {r: sum(self._pos[o] == r for o in targets) for r in goals}
             for r in goals:
-                inside = sum(self._pos[o] == r for o in targets)
                 outside = [o for o in targets if self._pos[o] != r]
-                for chosen in itertools.permutations(outside, 2 - inside):
+                for chosen in itertools.permutations(outside, min(2 - placed[r], len(outside))):
+                    # An unfinished plan must gather more in one goal than any holds now
+                    # (or it would shuttle objects between goals); it ranks after full ones.
+                    gathered = placed[r] + len(chosen)
+                    if gathered < 2 and gathered <= max(placed.values()):
+                        continue
                     plan = _Planner(self)
                     for o in chosen:
                         plan.take(o)
                         plan.put(o, r)
-                    plans.append(plan.actions)
+                    plans.append((gathered < 2, len(plan.actions), plan.actions))
+            return tuple(min(plans, key=lambda p: p[:2])[2]) if plans else ()
         else:
             appliance, verb, bit = _MODIFIERS.get(task.task_type, ("", "", 0))
             appliances = [i for i, t in enumerate(room.types) if t == appliance] or [-1]
@@ -565,7 +609,7 @@ class AlfWorldEnv(SimulatorEnv):
                     plan.flags[o] |= bit
                 plan.put(o, r)
                 plans.append(plan.actions)
-        return tuple(min(plans, key=len))
+        return tuple(min(plans, key=len)) if plans else ()
 
 
 class _Planner:

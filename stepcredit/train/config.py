@@ -49,7 +49,7 @@ class TrainConfig:
       dynamic_sampling: drop groups whose scores are all equal and refill the
         batch with new tasks (DAPO, arXiv 2503.14476); None turns it on for
         the dapo estimators.
-      warm_start_steps: supervised minibatch steps on oracle demonstrations
+      warm_start_steps: supervised minibatch steps on expert demonstrations
         before RL (the cold-start remedy), in passes over the demonstrations
         with rows grouped by length; warm_start_tasks: training tasks demonstrated.
       eval_every, eval_tasks, eval_temperature: evaluation on a fixed panel of

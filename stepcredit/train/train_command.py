@@ -45,9 +45,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="ScalingInter-RL step limits, e.g. 5,10,15")
     parser.add_argument("--horizon-switch-every", type=int, default=50)
     parser.add_argument("--warm-start-steps", type=int, default=0,
-                        help="supervised steps on oracle demonstrations before RL")
+                        help="supervised steps on expert demonstrations before RL")
     parser.add_argument("--warm-start-tasks", type=int, default=64,
-                        help="training tasks whose oracle demonstrations the warm start uses")
+                        help="training tasks whose expert demonstrations the warm start uses")
     parser.add_argument("--eval-every", type=int, default=0)
     parser.add_argument("--eval-tasks", type=int, default=32)
     parser.add_argument("--checkpoint-every", type=int, default=10)
@@ -81,7 +81,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--entropy-coef", type=float, default=0.0, help="entropy bonus weight")
     parser.add_argument("--temperature", type=float, default=1.0)
     parser.add_argument("--max-prompt-tokens", type=int, default=None,
-                        help="step prompt budget; default: fitted to the longest oracle prompt "
+                        help="step prompt budget; default: fitted to the longest expert prompt "
                              "(plus 25%%) so that no admissible list is dropped")
     parser.add_argument("--max-action-tokens", type=int, default=12)
     parser.add_argument("--history-window", type=int, default=1)
@@ -135,7 +135,7 @@ def run(args: argparse.Namespace) -> int:
     if args.max_prompt_tokens is None:
         config = with_fitted_prompt_budget(config)
         print(f"prompt budget: {config.rollout.max_prompt_tokens} tokens (fitted to "
-              f"{config.env}'s oracle prompts)", flush=True)
+              f"{config.env}'s expert prompts)", flush=True)
     trainer = Trainer(config, log=functools.partial(print, flush=True))
     history = trainer.run(resume=args.resume)
     if history:

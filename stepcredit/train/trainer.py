@@ -70,7 +70,7 @@ def make_env(config: TrainConfig, split: str, max_steps: int | None = None):
 
 
 def with_fitted_prompt_budget(config: TrainConfig) -> TrainConfig:
-    """`config` with a prompt budget fitted to the environment's oracle prompts
+    """`config` with a prompt budget fitted to the environment's expert prompts
     (`warm_start.fit_prompt_budget`), so no admissible list or history is dropped."""
     from stepcredit.train.warm_start import fit_prompt_budget
 
@@ -341,7 +341,7 @@ class Trainer:
 
     # -------------------------------------------------------------- warm start
     def warm_start(self) -> dict[str, float]:
-        """Supervised steps on oracle demonstrations of training tasks (before RL)."""
+        """Supervised steps on expert demonstrations of training tasks (before RL)."""
         from stepcredit.train.warm_start import demonstration_rows
 
         config = self.config

@@ -189,7 +189,7 @@ def with_learning_rate(opt_state, learning_rate: float):
 
 def supervised_loss(state: nnx.State, graphdef: nnx.GraphDef, tokens, mask, action_mask,
                     choice_markers: tuple[int, ...] = (), width: int | None = None):
-    """Mean negative log-likelihood of the action tokens (the oracle warm start)."""
+    """Mean negative log-likelihood of the action tokens (the expert warm start)."""
     scores = _row_scores(graphdef, state, tokens, mask, action_mask, 1.0,
                          choice_markers=choice_markers, width=width)
     count = jnp.maximum(jnp.sum(action_mask), 1)

@@ -1,7 +1,8 @@
-"""Oracle demonstrations as step rows: the supervised warm start before RL.
+"""Expert demonstrations as step rows: the supervised warm start before RL.
 
-Every embedded simulator knows a shortest solution from any state
-(`oracle_actions()`); playing it yields (prompt, action) step rows in exactly
+Every embedded simulator has an expert (`expert_action()`: the oracle's
+shortest solution, or on ALFWorld a searching expert that knows only what
+the agent has seen); playing it yields (prompt, action) step rows in exactly
 the format the policy acts in, so a few supervised steps cure the cold start
 of a randomly initialised policy. The same demonstrations size the prompt
 budget (`fit_prompt_budget`).
@@ -22,7 +23,7 @@ from stepcredit.train.rows import StepRowBatch
 
 def _demonstrations(make_env: Callable, tokenizer: Tokenizer, config: RolloutConfig, *,
                     num_tasks: int, seed: int) -> Iterator[tuple[list[int], list[int]]]:
-    """(prompt ids, action ids + `<eoa>`) of every oracle step on seeded training tasks."""
+    """(prompt ids, action ids + `<eoa>`) of every expert step on seeded training tasks."""
     env = make_env()
     tasks = np.random.default_rng([seed, 5]).choice(env.num_tasks, min(num_tasks, env.num_tasks),
                                                     replace=False)
@@ -30,7 +31,7 @@ def _demonstrations(make_env: Callable, tokenizer: Tokenizer, config: RolloutCon
         for task in tasks.tolist():
             observation, history = env.reset(task), []
             while True:
-                action = env.oracle_actions()[0]
+                action = env.expert_action()
                 prompt = step_prompt(tokenizer, config, observation, history)
                 ids = action_ids(tokenizer, action, observation.admissible_actions,
                                  config.action_format) + [tokenizer.special.eoa]
@@ -46,10 +47,10 @@ def _demonstrations(make_env: Callable, tokenizer: Tokenizer, config: RolloutCon
 
 def demonstration_rows(make_env: Callable, tokenizer: Tokenizer, config: RolloutConfig, *,
                        num_tasks: int, seed: int, row_length: int, multiple: int) -> StepRowBatch:
-    """Plays the oracle on `num_tasks` training tasks and packs every step as a row.
+    """Plays the expert on `num_tasks` training tasks and packs every step as a row.
 
     Args:
-      make_env: builds a training-split environment with `oracle_actions()`.
+      make_env: builds a training-split environment with `expert_action()`.
       tokenizer: the policy's tokenizer.
       config: the rollout's prompt settings (window, budget, admissible list).
       num_tasks: tasks demonstrated (drawn without replacement, seeded).
@@ -57,7 +58,7 @@ def demonstration_rows(make_env: Callable, tokenizer: Tokenizer, config: Rollout
       row_length: L of the rows; multiple: rows are padded to a multiple of it.
 
     Returns:
-      A `StepRowBatch` whose action tokens are the oracle's actions plus `<eoa>`
+      A `StepRowBatch` whose action tokens are the expert's actions plus `<eoa>`
       (the choice token alone under the choice constraint).
     """
     prompts, actions = [], []
@@ -83,7 +84,7 @@ def fit_prompt_budget(make_env: Callable, tokenizer: Tokenizer, config: RolloutC
                       num_tasks: int = 32, seed: int = 0, headroom: float = 1.25) -> int:
     """A prompt budget that fits the environment's step prompts without dropping anything.
 
-    Plays the oracle on `num_tasks` training tasks with an unlimited budget,
+    Plays the expert on `num_tasks` training tasks with an unlimited budget,
     takes the longest step prompt (task, history window, observation and the
     admissible list under `config`), adds `headroom` for the longer pages a
     learning agent visits and rounds up to a multiple of 32. A budget below

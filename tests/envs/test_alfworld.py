@@ -1,8 +1,11 @@
-"""The ALFWorld-style simulator: oracle, random baseline, splits, determinism, errors."""
+"""The ALFWorld-style simulator: oracle, searching expert, random baseline, splits,
+determinism, errors."""
 
 from __future__ import annotations
 
 import collections
+import copy
+import random
 
 import pytest
 
@@ -62,6 +65,70 @@ def _replay(env, task, actions):
     for action in actions:
         obs = env.step(action).observation
     return obs
+
+
+def play_expert(env: AlfWorldEnv, before_each_step=lambda env: None) -> tuple[int, bool]:
+    """Plays `expert_action()` from the current state to the end, checking that
+    every action is admissible and valid; returns (steps taken, won)."""
+    obs = env._obs
+    while True:
+        before_each_step(env)
+        action = env.expert_action()
+        assert action in obs.admissible_actions, (action, obs.admissible_actions)
+        result = env.step(action)
+        assert result.info["valid"], action
+        obs = result.observation
+        if result.done or result.truncated:
+            return env.steps_taken, result.done
+
+
+@pytest.mark.parametrize("difficulty", [0, 1, 2])
+def test_searching_expert_solves_every_task_no_faster_than_the_oracle(difficulty):
+    env = AlfWorldEnv(difficulty=difficulty, max_steps=60)
+    extra = []
+    for task in range(0, 600, 5):
+        env.reset(task)
+        distance = env.oracle_distance()
+        steps, won = play_expert(env)
+        assert won and steps >= distance, (task, steps, distance)
+        extra.append(steps - distance)
+    # It searches, so it is sometimes longer than the oracle, but not by much.
+    assert 0 < sum(extra) / len(extra) <= 2 + 2.5 * difficulty, extra
+
+
+def relocate_unseen_objects(env: AlfWorldEnv, rng: random.Random) -> AlfWorldEnv:
+    """A copy of `env` in which every object the agent has not seen lies in
+    another unseen receptacle that a target may start in (not a goal)."""
+    moved = copy.deepcopy(env)
+    moved._plan_cache = ("", ())  # keyed by the anchor, which the move leaves stale
+    room = moved._task.room
+    hidden = [r for r in room.starts if r not in moved._seen and room.types[r] != moved._task.goal]
+    for o, r in enumerate(moved._pos):
+        if r >= 0 and r not in moved._seen and len(hidden) > 1:
+            moved._contents[r].remove(o)
+            moved._pos[o] = rng.choice([h for h in hidden if h != r])
+            moved._contents[moved._pos[o]].append(o)
+    return moved
+
+
+def test_searching_expert_ignores_what_the_agent_has_not_seen():
+    """Moving unseen objects around changes the oracle's next action but never
+    the expert's: the expert's choices follow from the observations."""
+    rng = random.Random(0)
+    oracle_changed = states = 0
+
+    def compare(env):
+        nonlocal oracle_changed, states
+        moved = relocate_unseen_objects(env, rng)
+        assert moved.expert_action() == env.expert_action()
+        oracle_changed += moved.oracle_actions()[0] != env.oracle_actions()[0]
+        states += 1
+
+    env = AlfWorldEnv(difficulty=1, max_steps=60)
+    for task in range(40):
+        env.reset(task)
+        assert play_expert(env, before_each_step=compare)[1]
+    assert oracle_changed > states // 10, (oracle_changed, states)
 
 
 def test_random_policy_success_is_low():

@@ -90,7 +90,8 @@ def test_constrained_choice_format_trains_and_warm_starts(tmp_path):
     assert rows[0]["warm_start/loss_last"] > 0 and rows[-1]["rollout/invalid_action_rate"] == 0.0
     trainer = restored(tmp_path)
     assert trainer.config.warm_start_tasks == 3
-    assert 3 <= rows[0]["warm_start/demonstration_rows"] <= 3 * 10  # 3 tasks, <= 10 oracle steps
+    # 3 tasks, each demonstrated for at most --max-steps 3 expert steps.
+    assert 3 <= rows[0]["warm_start/demonstration_rows"] <= 3 * 3
     special = trainer.tokenizer.special
     assert trainer.loss_config.choice_markers == (special.sep,)
 
@@ -163,7 +164,7 @@ def test_critic_warmup_trains_the_critic_without_policy_gradient(tmp_path):
         Trainer(TrainConfig(env="alfworld", critic_warmup_iterations=1), log=lambda _: None)
 
 
-def test_oracle_warm_start_lowers_the_supervised_loss(tmp_path):
+def test_expert_warm_start_lowers_the_supervised_loss(tmp_path):
     config = TrainConfig(env="alfworld", iterations=1, tasks_per_iteration=2, group_size=2,
                          max_steps=3, d_model=32, num_layers=1, minibatch_rows=16, epochs=1,
                          rollout=RolloutConfig(max_prompt_tokens=96, max_action_tokens=6),
