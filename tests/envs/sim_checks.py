@@ -40,6 +40,18 @@ def play_oracle(env: Any, task: int, vocab: frozenset[str] | None = None) -> int
     return steps
 
 
+def expert_is_the_oracle(make_env: Callable[..., Any], num_tasks: int = 30) -> None:
+    """Where the oracle needs nothing the agent cannot observe, the demonstrating
+    expert (`expert_action()`) takes the oracle's next action at every step."""
+    for j in range(num_tasks):
+        env = make_env(difficulty=j % 3)
+        env.reset(j)
+        while env.running:
+            action = env.expert_action()
+            assert action == env.oracle_actions()[0], (j, action)
+            env.step(action)
+
+
 def oracle_solves_all(make_env: Callable[..., Any], split: str, num_tasks: int = 200,
                       seed: int = 0) -> None:
     """The oracle solves `num_tasks` random tasks of `split`, cycling over the

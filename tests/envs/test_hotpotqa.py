@@ -16,6 +16,10 @@ def test_oracle_solves_200_random_tasks(split):
     sim_checks.oracle_solves_all(HotpotQAEnv, split)
 
 
+def test_expert_is_the_oracle():
+    sim_checks.expert_is_the_oracle(HotpotQAEnv)
+
+
 def test_oracle_from_random_states():
     sim_checks.oracle_from_random_states(HotpotQAEnv, num_tasks=200, max_random_steps=6,
                                          skip=lambda a: a.startswith("finish["))
