@@ -36,6 +36,9 @@ class TrainConfig:
         "cosine" or "linear" decay of the RL learning rate over `iterations` to
         `final_learning_rate_fraction` of it (`curriculum.learning_rate_at`);
         the warm start and the PRM keep their constant rates.
+      learning_rate_warmup_iterations: RL iterations over which the rate rises
+        linearly from 0 before the schedule runs (verl's `lr_warmup_steps`);
+        it damps the fresh optimizer's first, sign-sized updates after a warm start.
       epochs: passes over each batch; minibatch_rows: step rows per update.
       critic_warmup_iterations: RL iterations at the start in which the
         policy-gradient advantages are zeroed, so only the critic (and the KL
@@ -93,6 +96,7 @@ class TrainConfig:
     learning_rate: float = 3e-4
     learning_rate_schedule: str = "constant"
     final_learning_rate_fraction: float = 0.1
+    learning_rate_warmup_iterations: int = 0
     weight_decay: float = 0.0
     grad_clip: float = 1.0
     epochs: int = 2
@@ -131,6 +135,9 @@ class TrainConfig:
         if not 0 <= self.final_learning_rate_fraction <= 1:
             raise ValueError(f"TrainConfig: final_learning_rate_fraction="
                              f"{self.final_learning_rate_fraction}; it must be in [0, 1]")
+        if self.learning_rate_warmup_iterations < 0:
+            raise ValueError(f"TrainConfig: learning_rate_warmup_iterations="
+                             f"{self.learning_rate_warmup_iterations}; it must be >= 0")
         if self.critic_warmup_iterations < 0:
             raise ValueError(f"TrainConfig: critic_warmup_iterations="
                              f"{self.critic_warmup_iterations}; it must be >= 0")

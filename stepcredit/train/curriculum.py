@@ -1,5 +1,5 @@
 """Schedules over training iterations: ScalingInter-RL's horizon curriculum
-(AgentGym-RL, arXiv 2509.08755) and the learning-rate decay."""
+(AgentGym-RL, arXiv 2509.08755) and the learning rate's warm-up and decay."""
 
 from __future__ import annotations
 
@@ -47,26 +47,40 @@ def step_limit(iteration: int, schedule: Sequence[int], *, switch_every: int,
 
 
 def learning_rate_at(iteration: int, *, base: float, schedule: str, iterations: int,
-                     final_fraction: float) -> float:
-    """The learning rate of `iteration`, decayed from `base` to `final_fraction * base`.
+                     final_fraction: float, warmup: int = 0) -> float:
+    """The learning rate of `iteration`: a linear warm-up to `base`, then a decay to
+    `final_fraction * base`.
 
-    With p = min(iteration / (iterations - 1), 1), so that the last iteration runs
-    at the final rate, and f = `final_fraction`:
+    With W = `warmup`, f = `final_fraction` and, after the warm-up,
+    p = min((iteration - W) / (iterations - 1 - W), 1), so that the last iteration
+    runs at the final rate:
 
-        constant: base
-        cosine:   base * (f + (1 - f) * (1 + cos(pi p)) / 2)    (optax.cosine_decay_schedule)
-        linear:   base * (1 - (1 - f) p)                        (optax.linear_schedule)
+        iteration < W:  base * iteration / W      (the warm-up; 0 at iteration 0)
+        constant:       base
+        cosine:         base * (f + (1 - f) * (1 + cos(pi p)) / 2)
+        linear:         base * (1 - (1 - f) p)
+
+    (optax's `warmup_constant_schedule`, `warmup_cosine_decay_schedule` and
+    `linear_schedule`; without a warm-up, `cosine_decay_schedule`.) The warm-up
+    matters because RL starts a fresh AdamW state: its first updates move every
+    parameter by about the full rate whatever the gradient's scale, which can
+    undo a supervised warm start in a few iterations. At rate 0 the first
+    iteration only fills the moment estimates.
 
     Set per iteration, not per optimizer step, because the number of minibatches
     of an iteration varies with the batch's rows.
 
     Example: base 1e-3, cosine, 101 iterations, f = 0.1: 1e-3 at iteration 0,
-    5.5e-4 at 50, 1e-4 at 100.
+    5.5e-4 at 50, 1e-4 at 100; with warmup 10: 0 at 0, 5e-4 at 5, 1e-3 at 10.
     """
     if schedule not in LEARNING_RATE_SCHEDULES:
         raise ValueError(f"learning_rate_at: schedule={schedule!r}; expected one of "
                          f"{LEARNING_RATE_SCHEDULES}")
-    progress = min(iteration / max(iterations - 1, 1), 1.0)
+    if warmup < 0:
+        raise ValueError(f"learning_rate_at: warmup={warmup}; it must be >= 0")
+    if iteration < warmup:
+        return base * iteration / warmup
+    progress = min((iteration - warmup) / max(iterations - 1 - warmup, 1), 1.0)
     if schedule == "cosine":
         cosine = (1 + math.cos(math.pi * progress)) / 2
         return base * (final_fraction + (1 - final_fraction) * cosine)

@@ -67,6 +67,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--lr-final-fraction", type=float, default=0.1,
                         help="the learning rate of the last iteration, as a fraction of "
                              "--learning-rate")
+    parser.add_argument("--lr-warmup", type=int, default=0, metavar="ITERATIONS",
+                        help="first RL iterations over which the learning rate rises "
+                             "linearly from 0")
     parser.add_argument("--epochs", type=int, default=2)
     parser.add_argument("--critic-warmup", type=int, default=0, metavar="ITERATIONS",
                         help="first RL iterations that train only the critic (critic estimators)")
@@ -116,7 +119,8 @@ def config_from_args(args: argparse.Namespace):
         max_staleness=args.max_staleness, time_limit_minutes=args.time_limit,
         num_devices=args.devices, learning_rate=args.learning_rate,
         learning_rate_schedule=args.lr_schedule,
-        final_learning_rate_fraction=args.lr_final_fraction, epochs=args.epochs,
+        final_learning_rate_fraction=args.lr_final_fraction,
+        learning_rate_warmup_iterations=args.lr_warmup, epochs=args.epochs,
         critic_warmup_iterations=args.critic_warmup,
         minibatch_rows=args.minibatch_rows, d_model=args.d_model, num_layers=args.num_layers,
         loss=loss, rollout=RolloutConfig(temperature=args.temperature,

@@ -324,7 +324,8 @@ class Trainer:
         learning_rate = learning_rate_at(
             int(self.state["iteration"]), base=config.learning_rate,
             schedule=config.learning_rate_schedule, iterations=config.iterations,
-            final_fraction=config.final_learning_rate_fraction)
+            final_fraction=config.final_learning_rate_fraction,
+            warmup=config.learning_rate_warmup_iterations)
         opt = learner.with_learning_rate(self.state["opt"], learning_rate)
         policy, opt = dp.replicate((self.state["policy"], opt))
         lengths = np.asarray(data.mask).sum(1)

@@ -34,6 +34,25 @@ def test_learning_rate_schedules_match_optax(iteration):
         at(schedule="step")
 
 
+@pytest.mark.parametrize("iteration", [0, 3, 10, 11, 50, 100, 150])
+def test_learning_rate_warmup_matches_optax(iteration):
+    at = functools.partial(learning_rate_at, iteration, base=1e-3, iterations=101,
+                           final_fraction=0.1, warmup=10)
+    np.testing.assert_allclose(at(schedule="constant"),
+                               optax.warmup_constant_schedule(0.0, 1e-3, 10)(iteration),
+                               rtol=1e-6, atol=1e-12)
+    np.testing.assert_allclose(
+        at(schedule="cosine"),
+        optax.warmup_cosine_decay_schedule(0.0, 1e-3, 10, 100, end_value=1e-4)(iteration),
+        rtol=1e-6, atol=1e-12)
+    linear = optax.join_schedules([optax.linear_schedule(0.0, 1e-3, 10),
+                                   optax.linear_schedule(1e-3, 1e-4, 90)], [10])
+    np.testing.assert_allclose(at(schedule="linear"), linear(iteration), rtol=1e-6, atol=1e-12)
+    with pytest.raises(ValueError, match="warmup=-1"):
+        learning_rate_at(0, base=1e-3, schedule="constant", iterations=10, final_fraction=0.1,
+                         warmup=-1)
+
+
 def test_horizon_curriculum_follows_the_released_schedule():
     schedule = (10, 20, 30)
     limits = [step_limit(i, schedule, switch_every=100, default=50) for i in (0, 99, 100, 250, 10_000)]

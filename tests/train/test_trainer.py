@@ -153,6 +153,12 @@ def test_learning_rate_schedule_reaches_the_update(tmp_path):
         np.testing.assert_array_equal(a, b)
 
 
+def test_learning_rate_warmup_reaches_the_update(tmp_path):
+    rows = train(tmp_path, "hotpotqa", "grpo", "--iterations", "3", "--lr-warmup", "2",
+                 "--learning-rate", "1e-3")
+    np.testing.assert_allclose([r["optim/learning_rate"] for r in rows], [0.0, 5e-4, 1e-3])
+
+
 def test_critic_warmup_trains_the_critic_without_policy_gradient(tmp_path):
     rows = train(tmp_path, "alfworld", "step_gae", "--iterations", "2", "--critic-warmup", "1",
                  "--epochs", "2")
