@@ -48,12 +48,14 @@ def test_parsers_reject_malformed_outputs():
         parse_choice("1", None)
 
 
-def alfworld_rollout(config: RolloutConfig, seed: int):
-    """A tiny untrained policy plays 2 ALFWorld tasks x 2 rollouts of at most 3 steps."""
+def alfworld_rollout(config: RolloutConfig, seed: int, value: float = 0.0):
+    """A tiny untrained policy plays 2 ALFWorld tasks x 2 rollouts of at most 3 steps;
+    its value head says `value` everywhere."""
     tokenizer = build_tokenizer("alfworld")
     model = TransformerPolicy(TransformerConfig(vocab_size=tokenizer.vocab_size, d_model=32,
                                                 num_layers=1, num_heads=2, mlp_dim=64),
                               rngs=nnx.Rngs(seed))
+    model.value_head.bias[...] = value  # the head starts at zero
     graphdef, state = nnx.split(model)
     envs = [registry.make("alfworld", difficulty=0, max_steps=3) for _ in range(4)]
     with EnvPool(envs) as pool:
@@ -98,6 +100,19 @@ def test_live_rollouts_export_to_the_step_row_schema_without_loss(rollout, tmp_p
             np.testing.assert_array_equal(np.float32(b.action_logp), np.float32(a.action_logp))
             assert (b.reward, b.done, b.truncated, b.anchor) == (a.reward, a.done, a.truncated, a.anchor)
             assert dict(b.info) == dataclasses.asdict(a)["info"]
+
+
+def test_truncated_trajectories_end_with_the_next_value_unless_terminal():
+    config = RolloutConfig(max_prompt_tokens=96, max_action_tokens=6)
+    *_, out = alfworld_rollout(config, seed=0, value=0.25)
+    # The untrained policy runs out of its 3 steps, so the step limit cuts every trajectory.
+    assert all(t.steps[-1].truncated for t in out.trajectories)
+    assert [t.bootstrap_value for t in out.trajectories] == pytest.approx([0.25] * 4)
+    terminal = dataclasses.replace(config, bootstrap_truncated=False)
+    *_, same = alfworld_rollout(terminal, seed=0, value=0.25)
+    assert [t.bootstrap_value for t in same.trajectories] == [0.0] * 4
+    for a, b in zip(out.trajectories, same.trajectories):
+        assert [s.action_ids for s in a.steps] == [s.action_ids for s in b.steps]
 
 
 def test_constrained_choice_rollouts_pick_only_admissible_actions():

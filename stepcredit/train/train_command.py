@@ -91,6 +91,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--action-format", default="text", choices=("text", "tags", "react", "choice"),
                         help="how the policy's output names an action (choice: the number of an "
                              "admissible action)")
+    parser.add_argument("--truncation", choices=("bootstrap", "terminal"), default="bootstrap",
+                        help="how an episode cut by the step limit ends for the critic: with "
+                             "V(s_next) or, terminal, with 0 (a failure)")
     parser.add_argument("--free-choice", dest="constrain_choice", action="store_false",
                         help="with --action-format choice, let the policy emit any tokens instead "
                              "of sampling only among the choice tokens on offer")
@@ -129,7 +132,8 @@ def config_from_args(args: argparse.Namespace):
                                          max_action_tokens=args.max_action_tokens,
                                          history_window=args.history_window,
                                          action_format=args.action_format,
-                                         constrain_choice=args.constrain_choice))
+                                         constrain_choice=args.constrain_choice,
+                                         bootstrap_truncated=args.truncation == "bootstrap"))
 
 
 def run(args: argparse.Namespace) -> int:
