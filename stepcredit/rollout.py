@@ -108,6 +108,9 @@ class RolloutConfig:
         first, counted in the metrics).
       max_action_tokens: M, the most tokens sampled per action.
       history_window: k, the (observation, action) pairs shown in a prompt.
+      action_window: j, the earlier actions shown before those pairs without
+        their observations (`build_step_prompt`): a cheap memory of what was
+        done, such as the receptacles already searched.
       show_admissible: list the admissible actions in the prompt when the
         environment gives them.
       temperature: sampling temperature (<= 0: greedy).
@@ -134,6 +137,7 @@ class RolloutConfig:
     max_prompt_tokens: int = 160
     max_action_tokens: int = 12
     history_window: int = 1
+    action_window: int = 0
     show_admissible: bool = True
     temperature: float = 1.0
     action_format: str = "text"
@@ -145,6 +149,9 @@ class RolloutConfig:
         if self.action_format not in ACTION_PARSERS:
             raise ValueError(f"RolloutConfig: action_format={self.action_format!r}; expected one "
                              f"of {tuple(ACTION_PARSERS)}")
+        if self.history_window < 0 or self.action_window < 0:
+            raise ValueError(f"RolloutConfig: history_window={self.history_window} and "
+                             f"action_window={self.action_window} must be >= 0")
         if self.max_prompt_tokens < 4 or self.max_action_tokens < 1:
             raise ValueError(f"RolloutConfig: max_prompt_tokens={self.max_prompt_tokens} and "
                              f"max_action_tokens={self.max_action_tokens} are too small")
@@ -176,8 +183,16 @@ class Rollout(NamedTuple):
     metrics: dict[str, float]
 
 
+def history_action(config: RolloutConfig, action: str, ids: Sequence[int]) -> str | Sequence[int]:
+    """How a taken action appears in later prompts: the sampled `ids` (no
+    re-tokenization), except that a "choice" label becomes the chosen `action`'s
+    text, since the list that gave the label its meaning is not shown again (a
+    malformed output, with no action, stays as its ids)."""
+    return action if config.action_format == "choice" and action else ids
+
+
 def step_prompt(tokenizer: Tokenizer, config: RolloutConfig, observation: Observation,
-                history: Sequence[tuple[str, Sequence[int]]]):
+                history: Sequence[tuple[str, str | Sequence[int]]]):
     """The step's prompt as the policy sees it under `config` (see `build_step_prompt`)."""
     choice = config.action_format == "choice"
     admissible = observation.admissible_actions
@@ -187,8 +202,8 @@ def step_prompt(tokenizer: Tokenizer, config: RolloutConfig, observation: Observ
         admissible = None
     return build_step_prompt(tokenizer, task=observation.task, observation=observation.text,
                              history=history, admissible_actions=admissible,
-                             window=config.history_window, max_tokens=config.max_prompt_tokens,
-                             choice_labels=choice)
+                             window=config.history_window, action_window=config.action_window,
+                             max_tokens=config.max_prompt_tokens, choice_labels=choice)
 
 
 PROMPT_WIDTH_QUANTUM = 64
@@ -233,7 +248,7 @@ def collect(graphdef, state, pool: EnvPool, tasks: Sequence[Any], group_size: in
     observations = pool.reset_groups(list(tasks), group_size)
     batch = len(observations)
     steps: list[list[StepRecord]] = [[] for _ in range(batch)]
-    histories: list[list[tuple[str, list[int]]]] = [[] for _ in range(batch)]
+    histories: list[list[tuple[str, str | list[int]]]] = [[] for _ in range(batch)]
     final_info: list[dict] = [{} for _ in range(batch)]
     all_prompts, generated_tokens, action_types = [], 0, {}
     model_seconds = 0.0
@@ -285,7 +300,7 @@ def collect(graphdef, state, pool: EnvPool, tasks: Sequence[Any], group_size: in
                 truncated=result.truncated and not result.done, value=float(out.values[i]),
                 anchor=observation_key(observations[i].anchor), info=info,
                 prompt_ids=prompts[i].ids))
-            histories[i].append((observations[i].text, ids))
+            histories[i].append((observations[i].text, history_action(config, actions[i], ids)))
             observations[i] = result.observation
             final_info[i] = info
     bootstrap = _bootstrap_values(graphdef, state, tokenizer, config, steps, observations, histories)

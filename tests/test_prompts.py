@@ -42,6 +42,28 @@ def test_window_larger_than_history_and_zero_window():
     assert "<adm>" not in _decode(prompt)
 
 
+def test_action_window_shows_earlier_actions_without_observations():
+    prompt = build_step_prompt(TOK, task=TASK, observation=OBS, history=HISTORY, window=1,
+                               action_window=2, max_tokens=512)
+    assert _decode(prompt) == (
+        "<bos><task>Find a red mug and put it on the desk."
+        "<act>go to cabinet 3<eoa><act>go to cabinet 4<eoa>"
+        "<obs>You see cabinet 5.<act>go to cabinet 5<eoa>"
+        "<obs>You see a red mug.<act>")
+    assert (prompt.history_used, prompt.history_dropped) == (3, 0)
+    # The earlier actions are older than the pairs, so they are dropped first.
+    action_tokens = len(TOK.encode(HISTORY[2][1])) + 2
+    tight = build_step_prompt(TOK, task=TASK, observation=OBS, history=HISTORY, window=1,
+                              action_window=2, max_tokens=len(prompt.ids) - 1)
+    assert (tight.history_used, tight.history_dropped) == (2, 1)
+    assert len(tight.ids) == len(prompt.ids) - action_tokens
+    assert "cabinet 3" not in _decode(tight) and "cabinet 4<eoa><obs>" in _decode(tight)
+    only_actions = build_step_prompt(TOK, task=TASK, observation=OBS, history=HISTORY[:2],
+                                     window=0, action_window=5)
+    assert _decode(only_actions).count("<act>go to cabinet") == 2
+    assert "<obs>You see cabinet" not in _decode(only_actions)
+
+
 def _lengths():
     full = build_step_prompt(TOK, task=TASK, observation=OBS, history=HISTORY,
                              admissible_actions=ADMISSIBLE, window=3)
@@ -78,18 +100,20 @@ def test_admissible_list_is_dropped_last_and_counted():
         build_step_prompt(TOK, task=TASK, observation=OBS, max_tokens=minimal - 1)
 
 
-@given(st.integers(0, 6), st.integers(0, 120), st.booleans())
-def test_length_policy_properties(window, max_tokens, with_admissible):
+@given(st.integers(0, 6), st.integers(0, 3), st.integers(0, 120), st.booleans())
+def test_length_policy_properties(window, action_window, max_tokens, with_admissible):
     kwargs = dict(task=TASK, observation=OBS, history=HISTORY, window=window,
+                  action_window=action_window,
                   admissible_actions=ADMISSIBLE if with_admissible else None)
     try:
         prompt = build_step_prompt(TOK, max_tokens=max_tokens, **kwargs)
     except PromptTooLongError:
-        assert max_tokens < len(build_step_prompt(TOK, **{**kwargs, "window": 0,
-                                                          "admissible_actions": None}).ids)
+        assert max_tokens < len(build_step_prompt(
+            TOK, **{**kwargs, "window": 0, "action_window": 0, "admissible_actions": None}).ids)
         return
     assert len(prompt.ids) <= max_tokens
-    assert prompt.history_used + prompt.history_dropped == min(window, len(HISTORY))
+    assert prompt.history_used + prompt.history_dropped == min(window + action_window,
+                                                               len(HISTORY))
     assert prompt.admissible_dropped <= (prompt.history_used == 0)
     larger = build_step_prompt(TOK, max_tokens=max_tokens + 40, **kwargs)
     assert larger.history_dropped <= prompt.history_dropped
@@ -119,8 +143,10 @@ def test_unknown_words_are_counted_and_metrics_aggregate():
     assert metrics["prompt/history_dropped"] == unknown.history_dropped >= 1
     assert metrics["prompt/length_max"] == max(len(known.ids), len(unknown.ids))
     assert metrics["prompt/admissible_dropped"] == 0
-    with pytest.raises(ValueError, match="window must be >= 0"):
-        build_step_prompt(TOK, task=TASK, observation=OBS, window=-1)
+    for window, action_window in [(-1, 0), (0, -1)]:
+        with pytest.raises(ValueError, match="window and action_window must be >= 0"):
+            build_step_prompt(TOK, task=TASK, observation=OBS, window=window,
+                              action_window=action_window)
 
 
 def test_choice_labels_number_the_admissible_actions_with_one_token_each():

@@ -115,9 +115,18 @@ def test_truncated_trajectories_end_with_the_next_value_unless_terminal():
         assert [s.action_ids for s in a.steps] == [s.action_ids for s in b.steps]
 
 
-def test_constrained_choice_rollouts_pick_only_admissible_actions():
-    config = RolloutConfig(max_prompt_tokens=192, max_action_tokens=6, action_format="choice")
-    graphdef, state, tokenizer, out = alfworld_rollout(config, seed=1)
+CHOICE = RolloutConfig(max_prompt_tokens=192, max_action_tokens=6, action_format="choice",
+                       history_window=1, action_window=1)
+
+
+@pytest.fixture(scope="module")
+def choice_rollout():
+    return alfworld_rollout(CHOICE, seed=1)
+
+
+def test_constrained_choice_rollouts_pick_only_admissible_actions(choice_rollout):
+    config = CHOICE
+    graphdef, state, tokenizer, out = choice_rollout
     markers = choice_markers(tokenizer, config)
     assert markers and config.action_length == 1
     # An untrained policy already acts validly: every sample is one of the choice tokens on offer.
@@ -132,3 +141,22 @@ def test_constrained_choice_rollouts_pick_only_admissible_actions():
                                        atol=1e-4)
     free = dataclasses.replace(config, constrain_choice=False)
     assert choice_markers(tokenizer, free) == () and free.action_length == 6
+
+
+def test_later_prompts_show_a_chosen_action_as_its_text(choice_rollout):
+    *_, tokenizer, out = choice_rollout
+    env = registry.make("alfworld", difficulty=0, max_steps=3)
+    checked = 0
+    for trajectory in out.trajectories:
+        if len(trajectory.steps) < 3:
+            continue
+        admissible = env.reset(trajectory.group_id).admissible_actions
+        first = parse_choice(tokenizer.decode(trajectory.steps[0].action_ids), admissible)
+        # The label's list is gone by the next step, so the history names the action itself:
+        # in the pair at step 1 and, alone, in the action window at step 2.
+        assert f"<act>{first}<eoa><obs>" in tokenizer.decode(trajectory.steps[1].prompt_ids)
+        third = tokenizer.decode(trajectory.steps[2].prompt_ids)
+        assert third.startswith(f"<bos><task>{env.reset(trajectory.group_id).task}<act>{first}"
+                                f"<eoa><obs>")
+        checked += 1
+    assert checked

@@ -87,7 +87,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="step prompt budget; default: fitted to the longest expert prompt "
                              "(plus 25%%) so that no admissible list is dropped")
     parser.add_argument("--max-action-tokens", type=int, default=12)
-    parser.add_argument("--history-window", type=int, default=1)
+    parser.add_argument("--history-window", type=int, default=1,
+                        help="(observation, action) pairs of earlier steps in each prompt")
+    parser.add_argument("--action-window", type=int, default=0,
+                        help="earlier actions shown, without their observations, before the "
+                             "history window's pairs")
     parser.add_argument("--action-format", default="text", choices=("text", "tags", "react", "choice"),
                         help="how the policy's output names an action (choice: the number of an "
                              "admissible action)")
@@ -131,6 +135,7 @@ def config_from_args(args: argparse.Namespace):
                                             {"max_prompt_tokens": args.max_prompt_tokens}),
                                          max_action_tokens=args.max_action_tokens,
                                          history_window=args.history_window,
+                                         action_window=args.action_window,
                                          action_format=args.action_format,
                                          constrain_choice=args.constrain_choice,
                                          bootstrap_truncated=args.truncation == "bootstrap"))

@@ -17,7 +17,7 @@ import numpy as np
 
 from stepcredit.models.tokenizer import Tokenizer
 from stepcredit.models.transformer import pack_rows
-from stepcredit.rollout import RolloutConfig, action_ids, step_prompt
+from stepcredit.rollout import RolloutConfig, action_ids, history_action, step_prompt
 from stepcredit.train.rows import StepRowBatch
 
 
@@ -36,7 +36,7 @@ def _demonstrations(make_env: Callable, tokenizer: Tokenizer, config: RolloutCon
                 ids = action_ids(tokenizer, action, observation.admissible_actions,
                                  config.action_format) + [tokenizer.special.eoa]
                 yield prompt.ids, ids
-                history.append((observation.text, ids))
+                history.append((observation.text, history_action(config, action, ids)))
                 result = env.step(action)
                 observation = result.observation
                 if result.done or result.truncated:
