@@ -48,6 +48,15 @@ def test_parsers_reject_malformed_outputs():
         parse_choice("1", None)
 
 
+def test_rollout_config_rejects_bad_settings_by_name():
+    for bad, match in [(dict(action_format="json"), "action_format='json'"),
+                       (dict(history_window=-1), "history_window=-1"),
+                       (dict(action_window=-2), "action_window=-2"),
+                       (dict(max_prompt_tokens=3), "max_prompt_tokens=3")]:
+        with pytest.raises(ValueError, match=match):
+            RolloutConfig(**bad)
+
+
 def alfworld_rollout(config: RolloutConfig, seed: int, value: float = 0.0):
     """A tiny untrained policy plays 2 ALFWorld tasks x 2 rollouts of at most 3 steps;
     its value head says `value` everywhere."""
