@@ -134,10 +134,9 @@ def choice_rollout():
 
 
 def test_constrained_choice_rollouts_pick_only_admissible_actions(choice_rollout):
-    config = CHOICE
     graphdef, state, tokenizer, out = choice_rollout
-    markers = choice_markers(tokenizer, config)
-    assert markers and config.action_length == 1
+    markers = choice_markers(tokenizer, CHOICE)
+    assert markers and CHOICE.action_length == 1
     # An untrained policy already acts validly: every sample is one of the choice tokens on offer.
     assert out.metrics["rollout/invalid_action_rate"] == 0.0
     for trajectory in out.trajectories:
@@ -148,7 +147,7 @@ def test_constrained_choice_rollouts_pick_only_admissible_actions(choice_rollout
                                 choice_markers=markers)
             np.testing.assert_allclose(float(scores.logprobs[0, -1]), step.action_logp[0],
                                        atol=1e-4)
-    free = dataclasses.replace(config, constrain_choice=False)
+    free = dataclasses.replace(CHOICE, constrain_choice=False)
     assert choice_markers(tokenizer, free) == () and free.action_length == 6
 
 
@@ -159,13 +158,13 @@ def test_later_prompts_show_a_chosen_action_as_its_text(choice_rollout):
     for trajectory in out.trajectories:
         if len(trajectory.steps) < 3:
             continue
-        admissible = env.reset(trajectory.group_id).admissible_actions
-        first = parse_choice(tokenizer.decode(trajectory.steps[0].action_ids), admissible)
+        start = env.reset(trajectory.group_id)
+        first = parse_choice(tokenizer.decode(trajectory.steps[0].action_ids),
+                             start.admissible_actions)
         # The label's list is gone by the next step, so the history names the action itself:
         # in the pair at step 1 and, alone, in the action window at step 2.
         assert f"<act>{first}<eoa><obs>" in tokenizer.decode(trajectory.steps[1].prompt_ids)
         third = tokenizer.decode(trajectory.steps[2].prompt_ids)
-        assert third.startswith(f"<bos><task>{env.reset(trajectory.group_id).task}<act>{first}"
-                                f"<eoa><obs>")
+        assert third.startswith(f"<bos><task>{start.task}<act>{first}<eoa><obs>")
         checked += 1
     assert checked
