@@ -57,12 +57,15 @@ def assert_finite(rows: list[dict]) -> None:
         assert not bad, f"iteration {row['iteration']}: non-finite metrics {bad}"
 
 
+@pytest.mark.parametrize("env", ["alfworld", "webshop", "hotpotqa"])
 @pytest.mark.parametrize("estimator", adv.names())
-def test_every_estimator_trains_on_alfworld(tmp_path, estimator):
-    rows = train(tmp_path, "alfworld", estimator)
+def test_every_estimator_trains_and_evaluates_on_every_simulator(tmp_path, capsys, env,
+                                                                  estimator):
+    rows = train(tmp_path, env, estimator)
     assert [r["iteration"] for r in rows] == [0]
     assert_finite(rows)
     assert rows[0]["batch/rows"] > 0 and "loss/policy" in rows[0]
+    assert rows[0]["rollout/steps_per_episode"] > 0
     head = value_head(restored(tmp_path).state["policy"])
     # The value head starts at zero; only the critic's loss moves it.
     if adv.get(estimator).needs_critic:
@@ -72,13 +75,11 @@ def test_every_estimator_trains_on_alfworld(tmp_path, estimator):
         np.testing.assert_array_equal(head, 0.0)
     if adv.get(estimator).needs_prm:
         assert math.isfinite(rows[0]["prm/loss"])
-
-
-@pytest.mark.parametrize("env,estimator", [("webshop", "gigpo"), ("hotpotqa", "step_gae")])
-def test_other_simulators_train(tmp_path, env, estimator):
-    rows = train(tmp_path, env, estimator)
-    assert_finite(rows)
-    assert rows[0]["rollout/steps_per_episode"] > 0
+    capsys.readouterr()
+    assert main(["eval", "--checkpoint", str(tmp_path), "--tasks", "2"]) == 0
+    out = capsys.readouterr().out
+    assert f"{env} ({estimator}, iteration 1), 2 test tasks" in out
+    assert "success" in out and "invalid_action_rate" in out
 
 
 def test_constrained_choice_format_trains_and_warm_starts(tmp_path):
@@ -96,12 +97,7 @@ def test_constrained_choice_format_trains_and_warm_starts(tmp_path):
     assert trainer.loss_config.choice_markers == (special.sep,)
 
 
-def test_eval_command_reads_a_checkpoint(tmp_path, capsys):
-    train(tmp_path, "alfworld", "grpo")
-    capsys.readouterr()
-    assert main(["eval", "--checkpoint", str(tmp_path), "--tasks", "4"]) == 0
-    out = capsys.readouterr().out
-    assert "iteration 1" in out and "success" in out and "invalid_action_rate" in out
+def test_eval_command_names_a_missing_checkpoint(tmp_path):
     with pytest.raises(SystemExit, match="config.json not found"):
         main(["eval", "--checkpoint", str(tmp_path / "missing")])
 
