@@ -93,7 +93,7 @@ class Tokenizer(Protocol):
     """What the models, prompts and rollout need from a tokenizer.
 
     A Hugging Face `tokenizers.Tokenizer` can meet it with a thin wrapper:
-    `encode(text).ids`, `decode(ids, skip_special_tokens=False)`,
+    `encode(text).ids`, `decode(ids, skip_special_tokens=skip_special)`,
     `get_vocab_size()`, and the special ids from `token_to_id` after
     `add_special_tokens`.
     """
@@ -109,8 +109,9 @@ class Tokenizer(Protocol):
     def encode(self, text: str) -> list[int]:
         """Token ids of a text (never special ids other than `unk`)."""
 
-    def decode(self, ids: Sequence[int]) -> str:
-        """The text of a sequence of ids."""
+    def decode(self, ids: Sequence[int], *, skip_special: bool = False) -> str:
+        """The text of a sequence of ids; `skip_special` drops the special tokens
+        (the rollout decodes an action's text for the environment this way)."""
 
 
 def split_words(text: str) -> list[str]:

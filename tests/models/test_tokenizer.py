@@ -122,3 +122,30 @@ def test_choice_tokens_label_items_and_decode_to_their_numbers():
     assert TOK.decode([choices[0], choices[20]], skip_special=True) == "121"
     assert not set(TOK.encode("<1> <21> 21")) & set(choices)   # text never encodes to them
     assert WordTokenizer.from_json(TOK.to_json()).special.choices == choices
+
+
+@pytest.mark.parametrize("env_name", ["alfworld", "webshop", "hotpotqa"])
+def test_every_text_of_an_environment_round_trips_through_its_tokenizer(env_name):
+    from stepcredit.envs import registry
+    from stepcredit.train.trainer import build_tokenizer
+
+    tokenizer = build_tokenizer(env_name)
+    texts = []
+    for split in registry.make(env_name).splits:
+        env = registry.make(env_name, split=split, difficulty=0, seed=0)
+        for task in range(4):
+            observation = env.reset(task)
+            while True:
+                texts += [observation.task, observation.text,
+                          *(observation.admissible_actions or ())]
+                action = env.expert_action()
+                texts.append(action)
+                result = env.step(action)
+                observation = result.observation
+                if result.done or result.truncated:
+                    texts.append(observation.text)
+                    break
+        env.close()
+    for text in texts:
+        ids = tokenizer.encode(text, on_unknown="raise")
+        assert tokenizer.decode(ids) == text, text

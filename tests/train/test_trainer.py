@@ -30,6 +30,13 @@ TINY = ["--iterations", "1", "--tasks-per-iteration", "2", "--group-size", "2", 
         "--max-prompt-tokens", "96", "--max-action-tokens", "6", "--checkpoint-every", "1"]
 
 
+# What each iteration logs, whatever the estimator (the value loss only with a critic).
+ITERATION_METRICS = ("rollout/success", "rollout/score", "rollout/steps_per_episode",
+                 "rollout/invalid_action_rate", "rollout/step_entropy", "advantage/mean",
+                 "advantage/std", "advantage/abs_max", "policy/approx_kl", "policy/clip_fraction",
+                 "time/rollout", "time/credit", "time/update")
+
+
 def train(logdir, env: str, estimator: str, *extra: str) -> list[dict]:
     """Runs `stepcredit train` with the tiny settings (later flags override) and reads its metrics."""
     assert main(["train", "--env", env, "--estimator", estimator, "--logdir", str(logdir),
@@ -66,6 +73,9 @@ def test_every_estimator_trains_and_evaluates_on_every_simulator(tmp_path, capsy
     assert_finite(rows)
     assert rows[0]["batch/rows"] > 0 and "loss/policy" in rows[0]
     assert rows[0]["rollout/steps_per_episode"] > 0
+    missing = set(ITERATION_METRICS) - set(rows[0])
+    assert not missing, f"metrics not logged: {sorted(missing)}"
+    assert any(key.startswith("actions/") for key in rows[0])
     head = value_head(restored(tmp_path).state["policy"])
     # The value head starts at zero; only the critic's loss moves it.
     if adv.get(estimator).needs_critic:
@@ -206,6 +216,30 @@ def test_scoring_in_length_groups_equals_scoring_full_width_rows(tmp_path):
         np.testing.assert_allclose(np.asarray(getattr(grouped, name))[rows.mask],
                                    np.asarray(getattr(full, name))[rows.mask], rtol=1e-5,
                                    atol=1e-5, err_msg=name)
+
+
+@pytest.mark.parametrize("estimator", ["step_gae", "token_gae"])
+def test_steppo_trains_the_critic_only_at_each_step_start(tmp_path, estimator):
+    config = TrainConfig(env="hotpotqa", estimator=estimator, iterations=1, tasks_per_iteration=2,
+                         group_size=2, max_steps=3, d_model=32, num_layers=1, minibatch_rows=4,
+                         epochs=1, rollout=RolloutConfig(max_prompt_tokens=320,
+                                                         max_action_tokens=6),
+                         logdir=str(tmp_path))
+    trainer = Trainer(config, log=lambda _: None)
+    rollout = trainer.rollout(trainer.state["policy"], trainer.tasks(0), jax.random.key(1), 3)
+    updates = []
+    trainer._epochs = lambda data: updates.append(data) or {}
+    trainer.learn(rollout.trajectories, 3)
+    value_mask, action_mask = (np.asarray(updates[0].value_mask),
+                               np.asarray(updates[0].action_mask))
+    acting = action_mask.any(axis=1)
+    assert acting.sum() >= 4 and (action_mask.sum(axis=1) > 1).any()
+    if estimator == "token_gae":
+        np.testing.assert_array_equal(value_mask, action_mask)
+    else:
+        first = np.argmax(action_mask, axis=1)
+        np.testing.assert_array_equal(value_mask.sum(axis=1), acting.astype(int))
+        np.testing.assert_array_equal(value_mask[acting, first[acting]], True)
 
 
 @pytest.mark.parametrize("env", ["hotpotqa", "webshop"])
