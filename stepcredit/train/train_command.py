@@ -74,7 +74,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--critic-warmup", type=int, default=0, metavar="ITERATIONS",
                         help="first RL iterations that train only the critic (critic estimators)")
     parser.add_argument("--minibatch-rows", type=int, default=64)
-    parser.add_argument("--d-model", type=int, default=128)
+    parser.add_argument("--d-model", type=int, default=256,
+                        help="residual width (default 256: about 1.9M parameters)")
     parser.add_argument("--num-layers", type=int, default=2)
     parser.add_argument("--clip-high", type=float, default=None,
                         help="PPO upper clip (DAPO's clip-higher: 0.28)")

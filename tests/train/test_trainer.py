@@ -13,16 +13,18 @@ import os
 import jax
 import numpy as np
 import pytest
+from flax import nnx
 
 from stepcredit import advantages as adv
 from stepcredit.cli import main
+from stepcredit.models.transformer import TransformerPolicy, count_params
 from stepcredit.prompts import PromptTooLongError
 from stepcredit.rollout import RolloutConfig, step_prompt
 from stepcredit.train import update as learner
 from stepcredit.train.config import TrainConfig
 from stepcredit.train.metrics import read_metrics
 from stepcredit.train.rows import build_rows, length_groups
-from stepcredit.train.trainer import Trainer, build_tokenizer, make_env
+from stepcredit.train.trainer import Trainer, build_tokenizer, make_env, model_config
 from stepcredit.train.warm_start import demonstration_rows, fit_prompt_budget
 
 TINY = ["--iterations", "1", "--tasks-per-iteration", "2", "--group-size", "2", "--max-steps", "3",
@@ -105,6 +107,12 @@ def test_constrained_choice_format_trains_and_warm_starts(tmp_path):
     assert 3 <= rows[0]["warm_start/demonstration_rows"] <= 3 * 3
     special = trainer.tokenizer.special
     assert trainer.loss_config.choice_markers == (special.sep,)
+
+
+@pytest.mark.parametrize("env", ["alfworld", "webshop", "hotpotqa"])
+def test_the_default_policy_is_small_but_not_tiny(env):
+    config = model_config(TrainConfig(env=env), build_tokenizer(env).vocab_size)
+    assert 1_000_000 <= count_params(TransformerPolicy(config, rngs=nnx.Rngs(0))) <= 5_000_000
 
 
 def test_eval_command_names_a_missing_checkpoint(tmp_path):
