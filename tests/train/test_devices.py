@@ -1,6 +1,11 @@
-"""The data-parallel update on 4 fake CPU devices equals the single-device update."""
+"""The data-parallel update on 4 fake CPU devices, in one process or over two, equals the
+single-device update."""
 
 import dataclasses
+import os
+import socket
+import subprocess
+import sys
 
 import jax
 import jax.numpy as jnp
@@ -35,23 +40,27 @@ def minibatch(seed: int = 0) -> learner.Minibatch:
         value_mask=jnp.asarray(first))
 
 
-def test_one_train_step_on_the_mesh_equals_the_single_device_step(mesh4):
-    graphdef, params = nnx.split(TransformerPolicy(
+def initial_params():
+    return nnx.split(TransformerPolicy(
         TransformerConfig(vocab_size=48, d_model=32, num_layers=1, num_heads=4, mlp_dim=64),
         rngs=nnx.Rngs(0)))
+
+
+def train_step(place_params, batch):
+    """One `learner.train_step` from `initial_params()`, its inputs placed by `place_params`."""
+    graphdef, params = initial_params()
     tx = learner.make_optimizer(learning_rate=1e-2, weight_decay=0.01, grad_clip=1.0)
     config = learner.LossConfig(value_coef=0.5, kl_coef=0.1, entropy_coef=0.01)
+    state, opt = place_params((params, tx.init(params)))
+    return learner.train_step(state, opt, batch, graphdef=graphdef, tx=tx, config=config)
+
+
+def test_one_train_step_on_the_mesh_equals_the_single_device_step(mesh4):
+    _, params = initial_params()
     batch = minibatch()
-
-    def step(place_params, place_batch):
-        copy = jax.tree.map(jnp.copy, params)  # train_step donates its inputs
-        state, opt = place_params((copy, tx.init(copy)))
-        return learner.train_step(state, opt, place_batch(batch), graphdef=graphdef, tx=tx,
-                                  config=config)
-
-    single_params, _, single_metrics = step(lambda t: t, lambda b: b)
+    single_params, _, single_metrics = train_step(lambda t: t, batch)
     dp = DataParallel(mesh4.devices.tolist())
-    mesh_params, mesh_opt, mesh_metrics = step(dp.replicate, dp.shard)
+    mesh_params, mesh_opt, mesh_metrics = train_step(dp.replicate, dp.shard(batch))
 
     kernel = next(x for x in jax.tree.leaves(mesh_params) if x.ndim == 2)
     assert kernel.sharding.is_fully_replicated and len(kernel.sharding.device_set) == 4
@@ -98,3 +107,30 @@ def test_a_trainer_iteration_on_4_devices_matches_1_device(tmp_path):
         np.testing.assert_allclose(np.asarray(b), np.asarray(a), rtol=1e-5, atol=1e-5)
     for name in ("loss/policy", "loss/value", "loss/total", "optim/grad_norm"):
         np.testing.assert_allclose(m4[name], m1[name], rtol=1e-5, atol=1e-6, err_msg=name)
+
+
+def test_one_train_step_over_two_processes_equals_the_single_device_step(tmp_path):
+    with socket.socket() as s:
+        s.bind(("localhost", 0))
+        port = str(s.getsockname()[1])
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    outs = [str(tmp_path / f"process{i}.npz") for i in range(2)]
+    workers = [subprocess.Popen([sys.executable, "-m", "tests.train.multiprocess_worker", str(i),
+                                 port, outs[i]], cwd=root, stdout=subprocess.PIPE,
+                                stderr=subprocess.STDOUT, text=True) for i in range(2)]
+    for worker in workers:
+        output, _ = worker.communicate(timeout=240)
+        assert worker.returncode == 0, output[-3000:]
+    single_params, _, single_metrics = train_step(lambda t: t, minibatch())
+    expected = [np.asarray(x) for x in jax.tree.leaves(single_params)]
+    for out in outs:
+        with np.load(out) as saved:
+            got = [saved[f"arr_{i}"] for i in range(len(expected))]
+            metrics = {k.split(":", 1)[1]: float(saved[k]) for k in saved.files
+                       if k.startswith("metric:")}
+        for a, b in zip(expected, got):
+            np.testing.assert_allclose(b, a, rtol=1e-5, atol=1e-5)
+        assert set(metrics) == set(single_metrics)
+        for name, value in single_metrics.items():
+            np.testing.assert_allclose(metrics[name], float(value), rtol=1e-5, atol=1e-6,
+                                       err_msg=name)
