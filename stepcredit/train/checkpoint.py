@@ -11,6 +11,7 @@ import os
 from typing import Any
 
 import jax
+import numpy as np
 
 
 class Checkpointer:
@@ -19,15 +20,24 @@ class Checkpointer:
     Args:
       directory: where checkpoints live (one subdirectory per iteration).
       max_to_keep: how many recent checkpoints to keep.
+      primary_only: in a multi-process run, only process 0 saves (its state is every
+        process's), without waiting for the others.
     """
 
-    def __init__(self, directory: str, *, max_to_keep: int = 2):
+    def __init__(self, directory: str, *, max_to_keep: int = 2, primary_only: bool = False):
         import orbax.checkpoint as ocp
 
         self._ocp = ocp
+        self._primary_only = primary_only
         self.directory = os.path.abspath(directory)
+        primary = {}
+        if primary_only:  # orbax leaves the directory to us when some processes stay out
+            os.makedirs(self.directory, exist_ok=True)
+            primary = {"create": False, "multiprocessing_options": ocp.options.MultiprocessingOptions(
+                primary_host=0, active_processes={0})}
         self._manager = ocp.CheckpointManager(
-            self.directory, options=ocp.CheckpointManagerOptions(max_to_keep=max_to_keep))
+            self.directory, options=ocp.CheckpointManagerOptions(max_to_keep=max_to_keep,
+                                                                 **primary))
 
     def latest_step(self) -> int | None:
         """The iteration of the newest complete checkpoint, or None."""
@@ -35,6 +45,11 @@ class Checkpointer:
 
     def save(self, step: int, state: Any) -> None:
         """Writes `state` as checkpoint `step` and waits until it is complete on disk."""
+        if self._primary_only:
+            # Orbax will not write process-local device arrays in a multi-process run;
+            # host copies of them (PRNG keys as their raw data) are the same state.
+            state = jax.tree.map(lambda x: np.asarray(jax.random.key_data(x) if _is_key(x)
+                                                      else x), state)
         self._manager.save(step, args=self._ocp.args.StandardSave(state))
         self._manager.wait_until_finished()
 
@@ -44,7 +59,14 @@ class Checkpointer:
         if step is None:
             raise FileNotFoundError(f"Checkpointer.restore: no checkpoint in {self.directory}")
         abstract = jax.tree.map(self._ocp.utils.to_shape_dtype_struct, template)
-        return self._manager.restore(step, args=self._ocp.args.StandardRestore(abstract))
+        restored = self._manager.restore(step, args=self._ocp.args.StandardRestore(abstract))
+        return jax.tree.map(
+            lambda like, x: (jax.random.wrap_key_data(x, impl=jax.random.key_impl(like))
+                             if _is_key(like) and not _is_key(x) else x), template, restored)
 
     def close(self) -> None:
         self._manager.close()
+
+
+def _is_key(x: Any) -> bool:
+    return isinstance(x, jax.Array) and jax.dtypes.issubdtype(x.dtype, jax.dtypes.prng_key)

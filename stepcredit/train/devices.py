@@ -19,7 +19,9 @@ from __future__ import annotations
 from typing import Any, Sequence
 
 import jax
+import jax.numpy as jnp
 import numpy as np
+from jax.flatten_util import ravel_pytree
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 
@@ -91,3 +93,54 @@ class DataParallel:
     def _from_processes(tree: Any, sharding: NamedSharding) -> Any:
         return jax.tree.map(
             lambda x: jax.make_array_from_process_local_data(sharding, np.asarray(x)), tree)
+
+
+def initialize_processes(coordinator: str, num_processes: int, process_id: int) -> None:
+    """Joins this process to a multi-process JAX runtime (`jax.distributed.initialize`),
+    with CPU collectives over gloo so that CPU-only hosts can all-reduce too.
+
+    Args:
+      coordinator: "host:port" of process 0's coordination service.
+      num_processes: how many processes take part.
+      process_id: this process's index, 0 to `num_processes - 1`.
+    """
+    if not 0 <= process_id < num_processes:
+        raise ValueError(f"initialize_processes: process_id={process_id} must lie in "
+                         f"[0, num_processes={num_processes})")
+    jax.config.update("jax_cpu_collectives_implementation", "gloo")
+    jax.distributed.initialize(coordinator, num_processes=num_processes, process_id=process_id)
+
+
+def max_over_processes(value: int) -> int:
+    """The largest `value` any process passes (every process must call it)."""
+    from jax.experimental import multihost_utils
+
+    return int(np.max(multihost_utils.process_allgather(np.int64(value))))
+
+
+def mean_over_processes(tree: Any) -> Any:
+    """Every leaf averaged over the processes (every process must call it)."""
+    from jax.experimental import multihost_utils
+
+    flat, unflatten = ravel_pytree(tree)  # one collective for the whole tree
+    everywhere = multihost_utils.process_allgather(np.asarray(flat))
+    return unflatten(jnp.asarray(everywhere.mean(axis=0), flat.dtype))
+
+
+def agreed_by_process_0(flag: bool) -> bool:
+    """Process 0's `flag`, on every process (a decision they must all take together)."""
+    from jax.experimental import multihost_utils
+
+    return bool(multihost_utils.broadcast_one_to_all(np.bool_(flag)))
+
+
+def check_same_on_every_process(tree: Any, what: str) -> None:
+    """Raises on every process unless `tree` is bit-identical on all of them."""
+    from jax.experimental import multihost_utils
+
+    digest = np.array([float(np.sum(np.asarray(x, np.float64))) for x in jax.tree.leaves(tree)])
+    everywhere = multihost_utils.process_allgather(digest)
+    differ = np.any(everywhere != everywhere[0], axis=0)
+    if differ.any():
+        raise RuntimeError(f"{what} differ between processes ({int(differ.sum())} of "
+                           f"{differ.size} arrays)")

@@ -99,6 +99,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--truncation", choices=("bootstrap", "terminal"), default="bootstrap",
                         help="how an episode cut by the step limit ends for the critic: with "
                              "V(s_next) or, terminal, with 0 (a failure)")
+    parser.add_argument("--num-processes", type=int, default=1,
+                        help="processes training one policy (one per host; see the README)")
+    parser.add_argument("--process-id", type=int, default=0, help="this process's index")
+    parser.add_argument("--coordinator", default=None, metavar="HOST:PORT",
+                        help="process 0's address, with --num-processes > 1")
     parser.add_argument("--free-choice", dest="constrain_choice", action="store_false",
                         help="with --action-format choice, let the policy emit any tokens instead "
                              "of sampling only among the choice tokens on offer")
@@ -145,14 +150,22 @@ def config_from_args(args: argparse.Namespace):
 def run(args: argparse.Namespace) -> int:
     from stepcredit.train.trainer import Trainer, with_fitted_prompt_budget
 
+    if args.num_processes > 1:
+        from stepcredit.train.devices import initialize_processes
+
+        if not args.coordinator:
+            raise SystemExit("stepcredit train: --num-processes > 1 needs --coordinator HOST:PORT "
+                             "(process 0's address)")
+        initialize_processes(args.coordinator, args.num_processes, args.process_id)
     config = config_from_args(args)
     if args.max_prompt_tokens is None:
         config = with_fitted_prompt_budget(config)
-        print(f"prompt budget: {config.rollout.max_prompt_tokens} tokens (fitted to "
-              f"{config.env}'s expert prompts)", flush=True)
+        if args.process_id == 0:
+            print(f"prompt budget: {config.rollout.max_prompt_tokens} tokens (fitted to "
+                  f"{config.env}'s expert prompts)", flush=True)
     trainer = Trainer(config, log=functools.partial(print, flush=True))
     history = trainer.run(resume=args.resume)
-    if history:
+    if history and args.process_id == 0:
         last = history[-1]
         print(f"done: {len(history)} iterations; last batch success {last['rollout/success']:.2f}"
               + (f", eval success {last['eval/success']:.2f}" if "eval/success" in last else "")

@@ -13,10 +13,16 @@ the checkpointed key.
 The update is data-parallel over the local devices (`devices.DataParallel`).
 With `async_mode`, a background worker plays the episodes while the learner
 updates (`asynchronous.RolloutWorker`, AReaL); synchronous mode is the default.
+
+Several processes (after `devices.initialize_processes`) train one policy: each
+plays its own tasks with its own keys and computes its own credit, the update
+runs over a mesh of every process's devices (the global minibatch stacks each
+process's rows), and process 0 alone evaluates, logs and checkpoints.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import importlib
 import os
@@ -42,10 +48,19 @@ from stepcredit.train import update as learner
 from stepcredit.train.checkpoint import Checkpointer
 from stepcredit.train.config import TrainConfig
 from stepcredit.train.curriculum import horizon_stage, learning_rate_at, step_limit
-from stepcredit.train.devices import DataParallel
+from stepcredit.train.devices import (DataParallel, agreed_by_process_0,
+                                      check_same_on_every_process, max_over_processes,
+                                      mean_over_processes)
 from stepcredit.train.metrics import MetricsLogger
 from stepcredit.train.rows import (RowIndex, StepRowBatch, build_rows, length_groups,
                                    rows_from_tokens, tokens_from_rows)
+
+
+class _NoMetrics:
+    """The metrics logger of a process other than process 0: it writes nothing."""
+
+    def log(self, iteration: int, metrics: dict[str, float]) -> None:
+        del iteration, metrics
 
 
 def build_tokenizer(env: str) -> WordTokenizer:
@@ -110,9 +125,16 @@ class Trainer:
 
     def __init__(self, config: TrainConfig, *, log: Callable[[str], None] = print):
         self.config = config
-        self.log = log
+        self.process_index = jax.process_index()
+        self.multiprocess = jax.process_count() > 1
+        self.primary = self.process_index == 0  # evaluates, logs and checkpoints
+        self.log = log if self.primary else (lambda _: None)
         self.estimator = adv.get(config.estimator)
-        devices = jax.local_devices()
+        if self.multiprocess and (config.num_devices or config.async_mode):
+            raise ValueError("TrainConfig: with several processes the update uses every "
+                             "process's devices and runs synchronously; leave num_devices=0 "
+                             "and async_mode=False")
+        devices = jax.devices() if self.multiprocess else jax.local_devices()
         if config.num_devices > len(devices):
             raise ValueError(f"TrainConfig: num_devices={config.num_devices} but only "
                              f"{len(devices)} local devices exist")
@@ -147,7 +169,10 @@ class Trainer:
         if self.loss_config.kl_coef:
             state["reference"] = jax.tree.map(jnp.copy, policy)
         self.state = state
-        self.checkpointer = Checkpointer(os.path.join(config.logdir, "checkpoints"))
+        # Orbax refuses a manager in a process that takes no part in saving.
+        self.checkpointer = (Checkpointer(os.path.join(config.logdir, "checkpoints"),
+                                          primary_only=self.multiprocess)
+                             if self.primary else None)
 
     # ----------------------------------------------------------------- rollouts
     def step_limit(self, iteration: int) -> int:
@@ -157,7 +182,8 @@ class Trainer:
 
     def tasks(self, iteration: int, round_: int = 0) -> list[int]:
         """The training tasks of an iteration: a fixed function of (seed, iteration, round)."""
-        rng = np.random.default_rng([self.config.seed, iteration, round_])
+        rng = np.random.default_rng([self.config.seed, iteration, round_]
+                                    + ([self.process_index] if self.multiprocess else []))
         return rng.choice(self.num_train_tasks, self.config.tasks_per_iteration,
                           replace=False).tolist()
 
@@ -233,6 +259,8 @@ class Trainer:
         before = tokens_from_rows(self._score(self.state["prm"], rows).logprobs, index,
                                   rows.action_mask, shape)
         (loss, metrics), grads = jax.value_and_grad(loss_fn, has_aux=True)(self.state["prm"])
+        if self.multiprocess:
+            grads = mean_over_processes(grads)
         updates, self.state["prm_opt"] = self.prm_tx.update(grads, self.state["prm_opt"],
                                                            self.state["prm"])
         self.state["prm"] = optax.apply_updates(self.state["prm"], updates)
@@ -328,17 +356,31 @@ class Trainer:
             warmup=config.learning_rate_warmup_iterations)
         opt = learner.with_learning_rate(self.state["opt"], learning_rate)
         policy, opt = dp.replicate((self.state["policy"], opt))
+        if self.multiprocess:  # as many minibatches on every process: pad with empty rows
+            extra = max_over_processes(data.tokens.shape[0]) - data.tokens.shape[0]
+            data = jax.tree.map(lambda x: jnp.pad(x, [(0, extra)] + [(0, 0)] * (x.ndim - 1)),
+                                data)
         lengths = np.asarray(data.mask).sum(1)
         for _ in range(config.epochs):
-            for chunk, width in length_groups(lengths, m, limit=data.tokens.shape[1], rng=rng):
+            for chunk, width in self._minibatches(lengths, data.tokens.shape[1], rng):
                 batch = dp.shard(jax.tree.map(lambda x: x[chunk, :width], data))
                 policy, opt, metrics = learner.train_step(
                     policy, opt, batch, graphdef=self.graphdef, tx=self.tx,
                     config=self.loss_config)
                 history.append(metrics)
-        self.state["policy"], self.state["opt"] = dp.gather((policy, opt))
+        self.state["policy"], self.state["opt"], history = dp.gather((policy, opt, history))
         means = {k: float(np.mean([float(h[k]) for h in history])) for k in history[0]}
         return {**means, "optim/learning_rate": learning_rate}
+
+    def _minibatches(self, lengths: np.ndarray, width: int,
+                     rng: np.random.Generator) -> list[tuple[np.ndarray, int]]:
+        """One epoch's minibatches, (rows, width): rows of similar length together, or, with
+        several processes (whose steps must line up), a random order at full width."""
+        m = self.config.minibatch_rows
+        if not self.multiprocess:
+            return length_groups(lengths, m, limit=width, rng=rng)
+        order = rng.permutation(len(lengths))
+        return [(order[i:i + m], width) for i in range(0, len(order), m)]
 
     # -------------------------------------------------------------- warm start
     def warm_start(self) -> dict[str, float]:
@@ -384,6 +426,8 @@ class Trainer:
         limit = self.step_limit(iteration)
         key, rollout_key = jax.random.split(self.state["key"])
         self.state["key"] = key
+        if self.multiprocess:
+            rollout_key = jax.random.fold_in(rollout_key, self.process_index)
         rollout, sampling = self._filled_rollout(self.state["policy"], iteration, rollout_key,
                                                  limit)
         metrics = {**rollout.metrics, **sampling}
@@ -452,10 +496,15 @@ class Trainer:
         from stepcredit.train.evaluate import evaluate
 
         config = self.config
+        if resume and self.multiprocess:
+            raise ValueError("resume: not supported with several processes yet; resume the run "
+                             "in one process")
         self._run_started = time.perf_counter()
         os.makedirs(config.logdir, exist_ok=True)
         start = self.restore() if resume else 0
-        with MetricsLogger(config.logdir, resume_from=start if resume else None) as logger:
+        logs = (MetricsLogger(config.logdir, resume_from=start if resume else None)
+                if self.primary else contextlib.nullcontext(_NoMetrics()))
+        with logs as logger:
             if start == 0 and (config.warm_start_steps or config.eval_every):
                 # Iteration -1: the policy RL starts from, after any warm start (the baseline).
                 initial = self.warm_start() if config.warm_start_steps else {}
@@ -463,7 +512,7 @@ class Trainer:
                     self.log(f"warm start: loss {initial['warm_start/loss_first']:.3f} -> "
                              f"{initial['warm_start/loss_last']:.3f} in "
                              f"{initial['time/warm_start']:.1f}s")
-                if config.eval_every:
+                if config.eval_every and self.primary:
                     result = evaluate(self.graphdef, self.state["policy"], self.tokenizer, config,
                                       num_tasks=config.eval_tasks,
                                       temperature=config.eval_temperature)
@@ -491,16 +540,19 @@ class Trainer:
             elapsed = time.perf_counter() - getattr(self, "_run_started", began)
             out_of_time = (config.time_limit_minutes is not None
                            and elapsed >= 60 * config.time_limit_minutes)
+            if self.multiprocess:
+                out_of_time = agreed_by_process_0(out_of_time)
             last = out_of_time or iteration + 1 == config.iterations
             metrics["time/elapsed"] = elapsed
-            if config.eval_every and ((iteration + 1) % config.eval_every == 0 or last):
+            if self.primary and config.eval_every and ((iteration + 1) % config.eval_every == 0
+                                                       or last):
                 result = evaluate(self.graphdef, self.state["policy"], self.tokenizer, config,
                                   num_tasks=config.eval_tasks,
                                   temperature=config.eval_temperature)
                 metrics.update({f"eval/{k}": v for k, v in result.items()})
             logger.log(iteration, metrics)
             history.append(metrics)
-            if (iteration + 1) % config.checkpoint_every == 0 or last:
+            if self.primary and ((iteration + 1) % config.checkpoint_every == 0 or last):
                 self.save()
             done = iteration + 1 - start
             left = (time.perf_counter() - began) / done * (config.iterations - iteration - 1)
@@ -514,4 +566,7 @@ class Trainer:
             if out_of_time:
                 self.log(f"stopping: the time limit of {config.time_limit_minutes} min is reached")
                 break
+        if self.multiprocess:
+            check_same_on_every_process({k: v for k, v in self.state.items()
+                                         if k in ("policy", "prm")}, "the parameters")
         return history

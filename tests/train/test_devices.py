@@ -1,5 +1,5 @@
 """The data-parallel update on 4 fake CPU devices, in one process or over two, equals the
-single-device update."""
+single-device update; two processes train one policy through `stepcredit train`."""
 
 import dataclasses
 import os
@@ -13,14 +13,23 @@ import numpy as np
 import pytest
 from flax import nnx
 
+from stepcredit.cli import main
 from stepcredit.models.transformer import TransformerConfig, TransformerPolicy
 from stepcredit.rollout import RolloutConfig
 from stepcredit.train import update as learner
 from stepcredit.train.config import TrainConfig
-from stepcredit.train.devices import DataParallel
+from stepcredit.train.devices import DataParallel, initialize_processes
+from stepcredit.train.metrics import read_metrics
 from stepcredit.train.trainer import Trainer
 
 ROWS, LENGTH = 16, 24
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def free_port() -> str:
+    with socket.socket() as s:
+        s.bind(("localhost", 0))
+        return str(s.getsockname()[1])
 
 
 def minibatch(seed: int = 0) -> learner.Minibatch:
@@ -110,13 +119,10 @@ def test_a_trainer_iteration_on_4_devices_matches_1_device(tmp_path):
 
 
 def test_one_train_step_over_two_processes_equals_the_single_device_step(tmp_path):
-    with socket.socket() as s:
-        s.bind(("localhost", 0))
-        port = str(s.getsockname()[1])
-    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    port = free_port()
     outs = [str(tmp_path / f"process{i}.npz") for i in range(2)]
     workers = [subprocess.Popen([sys.executable, "-m", "tests.train.multiprocess_worker", str(i),
-                                 port, outs[i]], cwd=root, stdout=subprocess.PIPE,
+                                 port, outs[i]], cwd=REPO, stdout=subprocess.PIPE,
                                 stderr=subprocess.STDOUT, text=True) for i in range(2)]
     for worker in workers:
         output, _ = worker.communicate(timeout=240)
@@ -134,3 +140,37 @@ def test_one_train_step_over_two_processes_equals_the_single_device_step(tmp_pat
         for name, value in single_metrics.items():
             np.testing.assert_allclose(metrics[name], float(value), rtol=1e-5, atol=1e-6,
                                        err_msg=name)
+
+
+def test_two_processes_train_one_policy(tmp_path):
+    """`stepcredit train --num-processes 2`: each process plays its own tasks, the update
+    spans both processes' devices, and the run ends only if both hold the same policy."""
+    port = free_port()
+    env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=2",
+           "JAX_PLATFORMS": "cpu"}
+    args = ["train", "--env", "alfworld", "--estimator", "grpo+istar", "--iterations", "1",
+            "--tasks-per-iteration", "2", "--group-size", "2", "--max-steps", "3",
+            "--d-model", "32", "--num-layers", "1", "--minibatch-rows", "8", "--epochs", "1",
+            "--max-prompt-tokens", "96", "--max-action-tokens", "6", "--logdir", str(tmp_path),
+            "--num-processes", "2", "--coordinator", f"localhost:{port}"]
+    workers = [subprocess.Popen(
+        [sys.executable, "-c", "import sys; from stepcredit.cli import main; "
+         "sys.exit(main(sys.argv[1:]))", *args, "--process-id", str(i)],
+        cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        for i in range(2)]
+    outputs = [worker.communicate(timeout=300)[0] for worker in workers]
+    for worker, output in zip(workers, outputs):
+        assert worker.returncode == 0, output[-3000:]
+    assert "done: 1 iterations" in outputs[0] and "done:" not in outputs[1]
+    rows = read_metrics(str(tmp_path))
+    assert [r["iteration"] for r in rows] == [0]  # written once, by process 0
+    with open(tmp_path / "config.json", encoding="utf-8") as f:
+        trainer = Trainer(TrainConfig.from_json(f.read()), log=lambda _: None)
+    assert trainer.restore() == 1
+
+
+def test_several_processes_need_a_coordinator():
+    with pytest.raises(SystemExit, match="--num-processes > 1 needs --coordinator"):
+        main(["train", "--num-processes", "2", "--process-id", "1"])
+    with pytest.raises(ValueError, match="process_id=2 must lie in"):
+        initialize_processes("localhost:1", 2, 2)
