@@ -30,7 +30,9 @@ def evaluate(graphdef, state, tokenizer, config: TrainConfig, *, num_tasks: int,
 
     probe = make_env(config, "train")
     split = split or test_split(probe)
-    num_tasks = min(num_tasks, make_env(config, split).num_tasks)
+    probe.close()
+    probe = make_env(config, split)
+    num_tasks = min(num_tasks, probe.num_tasks)
     probe.close()
     rollout_config = dataclasses.replace(config.rollout, temperature=temperature)
     envs = [make_env(config, split) for _ in range(num_tasks)]

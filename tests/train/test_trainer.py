@@ -22,6 +22,7 @@ from stepcredit.prompts import PromptTooLongError
 from stepcredit.rollout import RolloutConfig, step_prompt
 from stepcredit.train import update as learner
 from stepcredit.train.config import TrainConfig
+from stepcredit.train.evaluate import evaluate
 from stepcredit.train.metrics import read_metrics
 from stepcredit.train.rows import build_rows, length_groups
 from stepcredit.train.trainer import Trainer, build_tokenizer, make_env, model_config
@@ -113,6 +114,18 @@ def test_constrained_choice_format_trains_and_warm_starts(tmp_path):
 def test_the_default_policy_is_small_but_not_tiny(env):
     config = model_config(TrainConfig(env=env), build_tokenizer(env).vocab_size)
     assert 1_000_000 <= count_params(TransformerPolicy(config, rngs=nnx.Rngs(0))) <= 5_000_000
+
+
+def test_evaluation_plays_a_fixed_panel_in_the_loop_and_from_a_checkpoint(tmp_path):
+    rows = train(tmp_path, "alfworld", "grpo", "--eval-every", "1", "--eval-tasks", "3")
+    # The policy before RL (iteration -1) and after each iteration, on the same panel.
+    assert [r["iteration"] for r in rows] == [-1, 0]
+    assert all(0.0 <= r["eval/success"] <= 1.0 and r["eval/steps_per_episode"] > 0 for r in rows)
+    trainer = restored(tmp_path)
+    again = [evaluate(trainer.graphdef, trainer.state["policy"], trainer.tokenizer,
+                      trainer.config, num_tasks=3, temperature=t) for t in (0.0, 0.0, 1.0, 1.0)]
+    assert again[0] == again[1] and again[2] == again[3]
+    assert {k: rows[-1][f"eval/{k}"] for k in again[0]} == again[0]
 
 
 def test_eval_command_names_a_missing_checkpoint(tmp_path):
