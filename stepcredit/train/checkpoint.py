@@ -33,8 +33,9 @@ class Checkpointer:
         primary = {}
         if primary_only:  # orbax leaves the directory to us when some processes stay out
             os.makedirs(self.directory, exist_ok=True)
-            primary = {"create": False, "multiprocessing_options": ocp.options.MultiprocessingOptions(
-                primary_host=0, active_processes={0})}
+            primary = {"create": False,
+                       "multiprocessing_options": ocp.options.MultiprocessingOptions(
+                           primary_host=0, active_processes={0})}
         self._manager = ocp.CheckpointManager(
             self.directory, options=ocp.CheckpointManagerOptions(max_to_keep=max_to_keep,
                                                                  **primary))

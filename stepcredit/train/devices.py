@@ -1,4 +1,4 @@
-"""Data parallelism for the update: a 1-D 'data' mesh over the local devices.
+"""Data parallelism for the update: a 1-D 'data' mesh over the devices.
 
 Minibatch rows are sharded over the mesh's 'data' axis, the parameters and
 optimizer state are replicated; `jax.jit`'s SPMD partitioner then computes
@@ -11,7 +11,9 @@ The mesh may span several processes (after `jax.distributed.initialize()`,
 `DataParallel(jax.devices())`): each process then passes its own rows, the
 global minibatch is their concatenation in process order
 (`jax.make_array_from_process_local_data`), and every process passes the same
-parameters. The trainer itself still builds its mesh from the local devices.
+parameters. The trainer builds such a mesh when it runs in several processes
+(`initialize_processes`); the helpers below are the few host-side collectives
+it needs besides the update.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from typing import Any, Sequence
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.experimental import multihost_utils
 from jax.flatten_util import ravel_pytree
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
@@ -113,15 +116,11 @@ def initialize_processes(coordinator: str, num_processes: int, process_id: int) 
 
 def max_over_processes(value: int) -> int:
     """The largest `value` any process passes (every process must call it)."""
-    from jax.experimental import multihost_utils
-
     return int(np.max(multihost_utils.process_allgather(np.int64(value))))
 
 
 def mean_over_processes(tree: Any) -> Any:
     """Every leaf averaged over the processes (every process must call it)."""
-    from jax.experimental import multihost_utils
-
     flat, unflatten = ravel_pytree(tree)  # one collective for the whole tree
     everywhere = multihost_utils.process_allgather(np.asarray(flat))
     return unflatten(jnp.asarray(everywhere.mean(axis=0), flat.dtype))
@@ -129,15 +128,12 @@ def mean_over_processes(tree: Any) -> Any:
 
 def agreed_by_process_0(flag: bool) -> bool:
     """Process 0's `flag`, on every process (a decision they must all take together)."""
-    from jax.experimental import multihost_utils
-
     return bool(multihost_utils.broadcast_one_to_all(np.bool_(flag)))
 
 
 def check_same_on_every_process(tree: Any, what: str) -> None:
-    """Raises on every process unless `tree` is bit-identical on all of them."""
-    from jax.experimental import multihost_utils
-
+    """Raises on every process unless each leaf of `tree` sums to the same value on all of
+    them (replicas of one computation agree bit for bit; diverged ones do not)."""
     digest = np.array([float(np.sum(np.asarray(x, np.float64))) for x in jax.tree.leaves(tree)])
     everywhere = multihost_utils.process_allgather(digest)
     differ = np.any(everywhere != everywhere[0], axis=0)
