@@ -2,8 +2,9 @@
 
 Every run shares one shape family (d_model 32, one layer, 2 tasks x 2 rollouts,
 3 steps, 96 + 6 token rows, 16-row minibatches) so the compiled rollout, scoring
-and update functions are reused across the module; runs go through the CLI in
-this process, on the 4 fake devices of the test session.
+and update functions are reused across the module (once per simulator, whose
+vocabularies differ); runs go through the CLI in this process, on the 4 fake
+devices of the test session.
 """
 
 import dataclasses
@@ -35,9 +36,9 @@ TINY = ["--iterations", "1", "--tasks-per-iteration", "2", "--group-size", "2", 
 
 # What each iteration logs, whatever the estimator (the value loss only with a critic).
 ITERATION_METRICS = ("rollout/success", "rollout/score", "rollout/steps_per_episode",
-                 "rollout/invalid_action_rate", "rollout/step_entropy", "advantage/mean",
-                 "advantage/std", "advantage/abs_max", "policy/approx_kl", "policy/clip_fraction",
-                 "time/rollout", "time/credit", "time/update")
+                     "rollout/invalid_action_rate", "rollout/step_entropy", "advantage/mean",
+                     "advantage/std", "advantage/abs_max", "policy/approx_kl",
+                     "policy/clip_fraction", "time/rollout", "time/credit", "time/update")
 
 
 def train(logdir, env: str, estimator: str, *extra: str) -> list[dict]:
