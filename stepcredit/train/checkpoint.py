@@ -13,6 +13,8 @@ from typing import Any
 import jax
 import numpy as np
 
+from stepcredit.train.devices import is_prng_key
+
 
 class Checkpointer:
     """Saves and restores a pytree of training state every `every` iterations.
@@ -49,7 +51,7 @@ class Checkpointer:
         if self._primary_only:
             # Orbax will not write process-local device arrays in a multi-process run;
             # host copies of them (PRNG keys as their raw data) are the same state.
-            state = jax.tree.map(lambda x: np.asarray(jax.random.key_data(x) if _is_key(x)
+            state = jax.tree.map(lambda x: np.asarray(jax.random.key_data(x) if is_prng_key(x)
                                                       else x), state)
         self._manager.save(step, args=self._ocp.args.StandardSave(state))
         self._manager.wait_until_finished()
@@ -63,11 +65,8 @@ class Checkpointer:
         restored = self._manager.restore(step, args=self._ocp.args.StandardRestore(abstract))
         return jax.tree.map(
             lambda like, x: (jax.random.wrap_key_data(x, impl=jax.random.key_impl(like))
-                             if _is_key(like) and not _is_key(x) else x), template, restored)
+                             if is_prng_key(like) and not is_prng_key(x) else x),
+            template, restored)
 
     def close(self) -> None:
         self._manager.close()
-
-
-def _is_key(x: Any) -> bool:
-    return isinstance(x, jax.Array) and jax.dtypes.issubdtype(x.dtype, jax.dtypes.prng_key)

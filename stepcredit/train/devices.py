@@ -126,6 +126,22 @@ def mean_over_processes(tree: Any) -> Any:
     return unflatten(jnp.asarray(everywhere.mean(axis=0), flat.dtype))
 
 
+def from_process_0(tree: Any) -> Any:
+    """Process 0's `tree` (same structure, shapes and dtypes everywhere), on every process."""
+    keys = [is_prng_key(x) for x in jax.tree.leaves(tree)]
+    leaves = [np.asarray(jax.random.key_data(x)) if key else np.asarray(x)
+              for x, key in zip(jax.tree.leaves(tree), keys)]
+    received = multihost_utils.broadcast_one_to_all(leaves)
+    leaves = [jax.random.wrap_key_data(x, impl=jax.random.key_impl(like)) if key
+              else jnp.asarray(x) for x, like, key in zip(received, jax.tree.leaves(tree), keys)]
+    return jax.tree.unflatten(jax.tree.structure(tree), leaves)
+
+
+def is_prng_key(x: Any) -> bool:
+    """Whether `x` is a typed PRNG key array (`jax.random.key`)."""
+    return isinstance(x, jax.Array) and jax.dtypes.issubdtype(x.dtype, jax.dtypes.prng_key)
+
+
 def agreed_by_process_0(flag: bool) -> bool:
     """Process 0's `flag`, on every process (a decision they must all take together)."""
     return bool(multihost_utils.broadcast_one_to_all(np.bool_(flag)))

@@ -17,7 +17,8 @@ updates (`asynchronous.RolloutWorker`, AReaL); synchronous mode is the default.
 Several processes (after `devices.initialize_processes`) train one policy: each
 plays its own tasks with its own keys and computes its own credit, the update
 runs over a mesh of every process's devices (the global minibatch stacks each
-process's rows), and process 0 alone evaluates, logs and checkpoints.
+process's rows), and process 0 alone evaluates, logs and checkpoints (and, on
+resume, reads the checkpoint and sends it to the others).
 """
 
 from __future__ import annotations
@@ -49,8 +50,8 @@ from stepcredit.train.checkpoint import Checkpointer
 from stepcredit.train.config import TrainConfig
 from stepcredit.train.curriculum import horizon_stage, learning_rate_at, step_limit
 from stepcredit.train.devices import (DataParallel, agreed_by_process_0,
-                                      check_same_on_every_process, max_over_processes,
-                                      mean_over_processes)
+                                      check_same_on_every_process, from_process_0,
+                                      max_over_processes, mean_over_processes)
 from stepcredit.train.metrics import MetricsLogger
 from stepcredit.train.rows import (RowIndex, StepRowBatch, build_rows, length_groups,
                                    rows_from_tokens, tokens_from_rows)
@@ -479,10 +480,12 @@ class Trainer:
         return metrics
 
     def restore(self) -> int:
-        """Restores the latest checkpoint, if any; returns the next iteration to run."""
-        if self.checkpointer.latest_step() is None:
-            return 0
-        self.state = self.checkpointer.restore(self.state)
+        """Restores the latest checkpoint, if any; returns the next iteration to run.
+        With several processes, process 0 reads it and sends it to the others."""
+        if self.primary and self.checkpointer.latest_step() is not None:
+            self.state = self.checkpointer.restore(self.state)
+        if self.multiprocess:
+            self.state = from_process_0(self.state)
         return int(self.state["iteration"])
 
     def save(self) -> None:
@@ -496,9 +499,6 @@ class Trainer:
         from stepcredit.train.evaluate import evaluate
 
         config = self.config
-        if resume and self.multiprocess:
-            raise ValueError("resume: not supported with several processes yet; resume the run "
-                             "in one process")
         self._run_started = time.perf_counter()
         os.makedirs(config.logdir, exist_ok=True)
         start = self.restore() if resume else 0

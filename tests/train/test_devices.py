@@ -142,31 +142,39 @@ def test_one_train_step_over_two_processes_equals_the_single_device_step(tmp_pat
                                        err_msg=name)
 
 
-def test_two_processes_train_one_policy(tmp_path):
-    """`stepcredit train --num-processes 2`: each process plays its own tasks, the update
-    spans both processes' devices, and the run ends only if both hold the same policy."""
-    port = free_port()
+def train_in_two_processes(*args: str) -> list[str]:
+    """`stepcredit train ARGS` in two processes joined on this machine; their outputs."""
     env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=2",
            "JAX_PLATFORMS": "cpu"}
-    args = ["train", "--env", "alfworld", "--estimator", "grpo+istar", "--iterations", "1",
-            "--tasks-per-iteration", "2", "--group-size", "2", "--max-steps", "3",
-            "--d-model", "32", "--num-layers", "1", "--minibatch-rows", "8", "--epochs", "1",
-            "--max-prompt-tokens", "96", "--max-action-tokens", "6", "--logdir", str(tmp_path),
-            "--num-processes", "2", "--coordinator", f"localhost:{port}"]
+    common = [*args, "--num-processes", "2", "--coordinator", f"localhost:{free_port()}"]
     workers = [subprocess.Popen(
         [sys.executable, "-c", "import sys; from stepcredit.cli import main; "
-         "sys.exit(main(sys.argv[1:]))", *args, "--process-id", str(i)],
+         "sys.exit(main(sys.argv[1:]))", *common, "--process-id", str(i)],
         cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         for i in range(2)]
     outputs = [worker.communicate(timeout=300)[0] for worker in workers]
     for worker, output in zip(workers, outputs):
         assert worker.returncode == 0, output[-3000:]
+    return outputs
+
+
+def test_two_processes_train_one_policy_and_resume_it(tmp_path):
+    """`stepcredit train --num-processes 2`: each process plays its own tasks, the update
+    spans both processes' devices, and a run ends only if both hold the same policy."""
+    args = ["train", "--env", "alfworld", "--estimator", "grpo+istar", "--tasks-per-iteration",
+            "2", "--group-size", "2", "--max-steps", "3", "--d-model", "32", "--num-layers", "1",
+            "--minibatch-rows", "8", "--epochs", "1", "--max-prompt-tokens", "96",
+            "--max-action-tokens", "6", "--logdir", str(tmp_path)]
+    outputs = train_in_two_processes(*args, "--iterations", "1")
     assert "done: 1 iterations" in outputs[0] and "done:" not in outputs[1]
+    # Process 0 reads the checkpoint and hands it to process 1.
+    outputs = train_in_two_processes(*args, "--iterations", "2", "--resume")
+    assert "[####################] 2/2" in outputs[0] and "1/2" not in outputs[0]
     rows = read_metrics(str(tmp_path))
-    assert [r["iteration"] for r in rows] == [0]  # written once, by process 0
+    assert [r["iteration"] for r in rows] == [0, 1]  # written once, by process 0
     with open(tmp_path / "config.json", encoding="utf-8") as f:
         trainer = Trainer(TrainConfig.from_json(f.read()), log=lambda _: None)
-    assert trainer.restore() == 1
+    assert trainer.restore() == 2
 
 
 def test_several_processes_need_a_coordinator():
