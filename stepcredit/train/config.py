@@ -41,6 +41,10 @@ class TrainConfig:
         linearly from 0 before the schedule runs (verl's `lr_warmup_steps`);
         it damps the fresh optimizer's first, sign-sized updates after a warm start.
       epochs: passes over each batch; minibatch_rows: step rows per update.
+      target_kl: stop a batch's epochs early once a minibatch's approximate KL
+        to the rollout policy (measured before that minibatch's own step, which
+        is still taken) exceeds 1.5 x target_kl (None: never; the PPO safeguard
+        of Spinning Up and Stable-Baselines3).
       critic_warmup_iterations: RL iterations at the start in which the
         policy-gradient advantages are zeroed, so only the critic (and the KL
         term) learns and the first policy updates see a trained baseline
@@ -102,6 +106,7 @@ class TrainConfig:
     grad_clip: float = 1.0
     epochs: int = 2
     minibatch_rows: int = 64
+    target_kl: float | None = None
     critic_warmup_iterations: int = 0
     prm_learning_rate: float = 1e-4
     prm_beta: float = 0.05
@@ -127,6 +132,8 @@ class TrainConfig:
         for name, value in positive.items():
             if value < 1:
                 raise ValueError(f"TrainConfig: {name}={value}; it must be >= 1")
+        if self.target_kl is not None and not self.target_kl > 0:
+            raise ValueError(f"TrainConfig: target_kl={self.target_kl}; it must be > 0 or None")
         if self.prm_rewards_from not in ("post_update_prm", "pre_update_prm"):
             raise ValueError(f"TrainConfig: prm_rewards_from={self.prm_rewards_from!r}; expected "
                              "'post_update_prm' (paper) or 'pre_update_prm' (authors' code)")

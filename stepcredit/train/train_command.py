@@ -71,6 +71,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="first RL iterations over which the learning rate rises "
                              "linearly from 0")
     parser.add_argument("--epochs", type=int, default=2)
+    parser.add_argument("--target-kl", type=float, default=None,
+                        help="stop a batch's epochs once a minibatch's approximate KL exceeds "
+                             "1.5 x this (default: never)")
     parser.add_argument("--critic-warmup", type=int, default=0, metavar="ITERATIONS",
                         help="first RL iterations that train only the critic (critic estimators)")
     parser.add_argument("--minibatch-rows", type=int, default=64)
@@ -134,6 +137,7 @@ def config_from_args(args: argparse.Namespace):
         learning_rate_schedule=args.lr_schedule,
         final_learning_rate_fraction=args.lr_final_fraction,
         learning_rate_warmup_iterations=args.lr_warmup, epochs=args.epochs,
+        target_kl=args.target_kl,
         critic_warmup_iterations=args.critic_warmup,
         minibatch_rows=args.minibatch_rows, d_model=args.d_model, num_layers=args.num_layers,
         loss=loss, rollout=RolloutConfig(temperature=args.temperature,

@@ -362,16 +362,22 @@ class Trainer:
             data = jax.tree.map(lambda x: jnp.pad(x, [(0, extra)] + [(0, 0)] * (x.ndim - 1)),
                                 data)
         lengths = np.asarray(data.mask).sum(1)
-        for _ in range(config.epochs):
-            for chunk, width in self._minibatches(lengths, data.tokens.shape[1], rng):
-                batch = dp.shard(jax.tree.map(lambda x: x[chunk, :width], data))
-                policy, opt, metrics = learner.train_step(
-                    policy, opt, batch, graphdef=self.graphdef, tx=self.tx,
-                    config=self.loss_config)
-                history.append(metrics)
+        schedule = [step for _ in range(config.epochs)
+                    for step in self._minibatches(lengths, data.tokens.shape[1], rng)]
+        for chunk, width in schedule:
+            batch = dp.shard(jax.tree.map(lambda x: x[chunk, :width], data))
+            policy, opt, metrics = learner.train_step(
+                policy, opt, batch, graphdef=self.graphdef, tx=self.tx, config=self.loss_config)
+            history.append(metrics)
+            # Every process sees the same global minibatch's KL, so all stop together.
+            if (config.target_kl is not None and float(dp.gather(metrics["policy/approx_kl"]))
+                    > 1.5 * config.target_kl):
+                break
         self.state["policy"], self.state["opt"], history = dp.gather((policy, opt, history))
         means = {k: float(np.mean([float(h[k]) for h in history])) for k in history[0]}
-        return {**means, "optim/learning_rate": learning_rate}
+        return {**means, "optim/learning_rate": learning_rate,
+                "update/minibatches": float(len(history)),
+                "update/minibatches_planned": float(len(schedule))}
 
     def _minibatches(self, lengths: np.ndarray, width: int,
                      rng: np.random.Generator) -> list[tuple[np.ndarray, int]]:

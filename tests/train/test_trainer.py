@@ -129,6 +129,18 @@ def test_evaluation_plays_a_fixed_panel_in_the_loop_and_from_a_checkpoint(tmp_pa
     assert {k: rows[-1][f"eval/{k}"] for k in again[0]} == again[0]
 
 
+def test_target_kl_stops_the_epochs_early(tmp_path):
+    # An entropy bonus moves the policy even where every advantage is 0.
+    moving = ("--epochs", "3", "--entropy-coef", "0.01")
+    planned = train(tmp_path / "all", "alfworld", "grpo", *moving)[0]
+    assert planned["update/minibatches"] == planned["update/minibatches_planned"] == 3
+    # The first minibatch starts at the rollout policy (KL 0); any step after it moves away.
+    stopped = train(tmp_path / "kl", "alfworld", "grpo", *moving, "--target-kl", "1e-9")[0]
+    assert stopped["update/minibatches_planned"] == 3 and stopped["update/minibatches"] < 3
+    with pytest.raises(ValueError, match="target_kl=0.0; it must be > 0 or None"):
+        TrainConfig(env="alfworld", target_kl=0.0)
+
+
 def test_eval_command_names_a_missing_checkpoint(tmp_path):
     with pytest.raises(SystemExit, match="config.json not found"):
         main(["eval", "--checkpoint", str(tmp_path / "missing")])
