@@ -11,9 +11,8 @@ import os
 from typing import Any
 
 import jax
-import numpy as np
 
-from stepcredit.train.devices import is_prng_key
+from stepcredit.train.devices import keys_as_data, keys_like
 
 
 class Checkpointer:
@@ -51,8 +50,7 @@ class Checkpointer:
         if self._primary_only:
             # Orbax will not write process-local device arrays in a multi-process run;
             # host copies of them (PRNG keys as their raw data) are the same state.
-            state = jax.tree.map(lambda x: np.asarray(jax.random.key_data(x) if is_prng_key(x)
-                                                      else x), state)
+            state = keys_as_data(state)
         self._manager.save(step, args=self._ocp.args.StandardSave(state))
         self._manager.wait_until_finished()
 
@@ -63,10 +61,7 @@ class Checkpointer:
             raise FileNotFoundError(f"Checkpointer.restore: no checkpoint in {self.directory}")
         abstract = jax.tree.map(self._ocp.utils.to_shape_dtype_struct, template)
         restored = self._manager.restore(step, args=self._ocp.args.StandardRestore(abstract))
-        return jax.tree.map(
-            lambda like, x: (jax.random.wrap_key_data(x, impl=jax.random.key_impl(like))
-                             if is_prng_key(like) and not is_prng_key(x) else x),
-            template, restored)
+        return keys_like(template, restored)
 
     def close(self) -> None:
         self._manager.close()

@@ -128,18 +128,27 @@ def mean_over_processes(tree: Any) -> Any:
 
 def from_process_0(tree: Any) -> Any:
     """Process 0's `tree` (same structure, shapes and dtypes everywhere), on every process."""
-    keys = [is_prng_key(x) for x in jax.tree.leaves(tree)]
-    leaves = [np.asarray(jax.random.key_data(x)) if key else np.asarray(x)
-              for x, key in zip(jax.tree.leaves(tree), keys)]
-    received = multihost_utils.broadcast_one_to_all(leaves)
-    leaves = [jax.random.wrap_key_data(x, impl=jax.random.key_impl(like)) if key
-              else jnp.asarray(x) for x, like, key in zip(received, jax.tree.leaves(tree), keys)]
-    return jax.tree.unflatten(jax.tree.structure(tree), leaves)
+    received = multihost_utils.broadcast_one_to_all(keys_as_data(tree))
+    return keys_like(tree, jax.tree.map(jnp.asarray, received))
 
 
 def is_prng_key(x: Any) -> bool:
     """Whether `x` is a typed PRNG key array (`jax.random.key`)."""
     return isinstance(x, jax.Array) and jax.dtypes.issubdtype(x.dtype, jax.dtypes.prng_key)
+
+
+def keys_as_data(tree: Any) -> Any:
+    """Host copies of `tree`'s arrays, typed PRNG keys as their raw data (what collectives
+    and orbax's multi-process save accept); `keys_like` undoes it."""
+    return jax.tree.map(lambda x: np.asarray(jax.random.key_data(x) if is_prng_key(x) else x),
+                        tree)
+
+
+def keys_like(template: Any, tree: Any) -> Any:
+    """`tree` with raw key data wrapped back into typed keys wherever `template` holds one."""
+    return jax.tree.map(
+        lambda like, x: (jax.random.wrap_key_data(x, impl=jax.random.key_impl(like))
+                         if is_prng_key(like) and not is_prng_key(x) else x), template, tree)
 
 
 def agreed_by_process_0(flag: bool) -> bool:

@@ -14,14 +14,12 @@ os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=2"
 os.environ["JAX_PLATFORMS"] = "cpu"
 
 import jax  # noqa: E402
-
-jax.config.update("jax_cpu_collectives_implementation", "gloo")
-jax.distributed.initialize(f"localhost:{port}", num_processes=2, process_id=process_id,
-                           initialization_timeout=60)
-
 import numpy as np  # noqa: E402
 
-from stepcredit.train.devices import DataParallel  # noqa: E402
+from stepcredit.train.devices import DataParallel, initialize_processes  # noqa: E402
+
+initialize_processes(f"localhost:{port}", 2, process_id)
+
 from tests.train.test_devices import ROWS, minibatch, train_step  # noqa: E402
 
 dp = DataParallel(jax.devices())
