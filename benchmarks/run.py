@@ -35,7 +35,7 @@ from tests.reference import gae as gae_ref
 from tests.reference import gigpo as gigpo_ref
 
 GAMMA, LAM = 0.99, 0.95
-TOLERANCE = 1e-5  # of the reference's largest magnitude (clarification 6)
+TOLERANCE = 1e-5  # relative: a fraction of the reference's largest magnitude
 
 
 def _block(out):

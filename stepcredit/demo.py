@@ -13,7 +13,8 @@ import numpy as np
 
 HELP = "compare token-level and step-level GAE on toy multi-step trajectories"
 
-_INVALID_ACTION_PENALTY = 0.1  # GiGPO, iStar and StepPO scripts (clarification 16)
+# Taken off an invalid step's reward, as in the GiGPO, iStar and StepPO scripts.
+_INVALID_ACTION_PENALTY = 0.1
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

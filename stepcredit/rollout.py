@@ -125,10 +125,11 @@ class RolloutConfig:
         its language-model head, and malformed outputs are invalid actions.
       invalid_action_penalty: subtracted from a step's reward when the
         environment marks its action invalid (0.1 in the GiGPO, iStar and
-        StepPO scripts; clarification 16: set here, not in the environment).
+        StepPO scripts; set here, in the trainer, not in the environment).
       bootstrap_truncated: a trajectory cut by the step limit ends with the
-        value of the next state, V(s_next) (clarification 4: the limit only
-        stops the collection); False ends it with 0, as a failure, for tasks
+        value of the next state, V(s_next) (the limit only stops
+        the collection, so the return goes on past it); False ends it with 0,
+        as a failure, for tasks
         whose step limit is part of the task and judged by it ("Time Limits
         in Reinforcement Learning", arXiv 1712.00378). Bootstrapping then
         values running out the clock at V(s_next), above a wrong answer's 0.
@@ -313,7 +314,7 @@ def collect(graphdef, state, pool: EnvPool, tasks: Sequence[Any], group_size: in
 
 
 def _bootstrap_values(graphdef, state, tokenizer, config, steps, observations, histories):
-    """V(s_next) after each truncated trajectory's last step (clarification 4); 0 elsewhere
+    """V(s_next) after each truncated trajectory's last step (its bootstrap value); 0 elsewhere
     and, unless `config.bootstrap_truncated`, everywhere."""
     truncated = [i for i, s in enumerate(steps) if s and s[-1].truncated]
     values = [0.0] * len(steps)

@@ -69,8 +69,8 @@ def implicit_step_rewards(prm_logp, ref_logp, step_index, num_steps: int, *, bet
       last token and, with `istar_norm=batch_norm` (their config default),
       divides by the largest |reverse cumulative sum| in the batch; with one
       step per row that is the largest |r_t|: normalize="max_abs". The paper
-      states no normalisation. Under clarification 11 the step rewards come
-      from the PRM after this iteration's update (the paper); the authors'
+      states no normalisation. As in the paper, the step rewards come from
+      the PRM after this iteration's update; the authors'
       code takes them from the forward pass before the PRM's gradient step:
       pass that pass's log-probs to reproduce it.
 

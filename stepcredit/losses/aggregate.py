@@ -91,7 +91,8 @@ def agg_loss(loss_mat, mask, *, agg: Agg = "token-mean", max_response_length=Non
         seq-mean-token-sum-norm (1/|S|) sum_{b in S} sum_n m l / L_max (Dr. GRPO)
 
     A "seq" is a row: a whole response, or one agent step when the rows are
-    step rows (clarification 1). An all-False mask gives 0.
+    step rows (one step's prompt tokens followed by its action tokens). An
+    all-False mask gives 0.
 
     Args:
       loss_mat: `[B, N]` per-token losses (or `[R, L]` over step rows); masked
@@ -117,8 +118,9 @@ def agg_loss(loss_mat, mask, *, agg: Agg = "token-mean", max_response_length=Non
       averaged over all rows, and divided by zero in seq-mean-token-mean), and
       seq-mean-token-sum-norm divides the seq-mean of token sums by
       L_max (older verl summed over rows without the seq-mean and divided by
-      the padded width `loss_mask.shape[-1]`; clarification 13 asks for the
-      configured constant, so it is required here). verl adds 1e-8 to the
+      the padded width `loss_mask.shape[-1]`; Dr. GRPO divides by a constant,
+      the configured maximum response length, so it is required here).
+      verl adds 1e-8 to the
       per-row token count; here the count is floored at 1 instead, which
       changes nothing for a row with tokens. verl's `dp_size` rescaling is
       not needed: with `axis_name` the value is already the global one.

@@ -106,7 +106,7 @@ def ppo_clip_loss(logp, old_logp, advantages, mask, *, clip_low: float = 0.2,
       mask: `[B, N]` bool, True on action tokens; observation, prompt and
         padding tokens are excluded and may hold anything, NaN included.
       clip_low, clip_high: clip range; clip_low in [0, 1], clip_high >= 0.
-        Defaults 0.2 / 0.2 (PPO; clarification 13).
+        Defaults 0.2 / 0.2 (PPO).
       dual_clip: c > 1, or None (default) for no dual clip (verl's
         `clip_ratio_c`, default 3 there).
       agg: aggregation mode of `agg_loss`; default "token-mean" (DAPO).
@@ -183,7 +183,8 @@ def decoupled_ppo_loss(logp, prox_logp, behav_logp, advantages, mask, *, clip_lo
       clip_low, clip_high, dual_clip: as in `ppo_clip_loss` (AReaL's
         `eps_clip`, `eps_clip_higher`, `c_clip`).
       behav_weight_cap: tokens whose w exceeds it are masked out (their loss
-        is 0); must be > 1; None (default) keeps every token (clarification 13).
+        is 0); must be > 1; None (default) keeps every token. Masking the
+        token, rather than clipping w, follows AReaL.
       agg, max_response_length, axis_name: as in `ppo_clip_loss`.
 
     Returns:

@@ -114,7 +114,7 @@ def step_ppo_loss(logp, old_logp, step_advantages, step_index, step_mask, *,
       step_mask: `[B, T]` bool, True on real steps; masked steps (and their
         tokens) are left out and may hold anything.
       clip_low, clip_high: clip range of the step ratio. Defaults 3e-4 /
-        4e-4, GSPO's values used by StepPO's scripts (clarification 13).
+        4e-4, GSPO's values used by StepPO's scripts.
       dual_clip: c > 1 or None (default; verl's GSPO loss has no dual clip).
       axis_name: mesh axis to reduce over (inside `shard_map`), or None.
 

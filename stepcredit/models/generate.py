@@ -49,7 +49,8 @@ class Generation(NamedTuple):
       finished: `[B]` bool, true where the end-of-action id was sampled (false:
         the action was cut at `max_new_tokens`).
       values: `[B]` float32 critic output at the last prompt token, V(s_t), the
-        value of the step's first action token (clarification 2).
+        value of the step's first action token (a token's value is that of the
+        state before it, verl's shifted slice).
     """
 
     tokens: jax.Array

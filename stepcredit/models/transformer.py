@@ -6,7 +6,7 @@ LayerNorm, a language-model head (tied to the embedding by default), a scalar
 value head at every position and a pointer head that scores the labels of a
 numbered list of admissible actions (`TransformerPolicy.choice_logits`).
 
-Value convention (clarification 2, verl's shifted slice): `values[:, n]` is the
+Value convention (verl's shifted slice): `values[:, n]` is the
 critic's estimate of the state after tokens `0..n`, so the value *of token n*
 (the state before token n is generated) is `values[:, n - 1]`. The value at a
 step's first action token, V(s_t), is the critic output at the last prompt token.
@@ -381,7 +381,7 @@ class RowScores(NamedTuple):
       logprobs: `[B, L]` log pi(token n | tokens < n); 0 at column 0 and padding.
       entropies: `[B, L]` entropy of the distribution that token n was drawn from.
       values: `[B, L]` V(state before token n) = critic output at the previous
-        real position (clarification 2); 0 at column 0 and padding.
+        real position (verl's shifted slice); 0 at column 0 and padding.
     """
 
     logprobs: jax.Array
@@ -416,7 +416,7 @@ def _has_previous(mask: jax.Array) -> jax.Array:
 
 
 def _token_values(values: jax.Array, has_prev: jax.Array) -> jax.Array:
-    """V(state before token n): the critic output at column n - 1 (clarification 2), else 0."""
+    """V(state before token n): the critic output at column n - 1 (verl's shifted slice), else 0."""
     return jnp.where(has_prev, jnp.roll(values, 1, axis=1), 0.0).astype(jnp.float32)
 
 

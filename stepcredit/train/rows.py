@@ -1,7 +1,9 @@
 """Step rows for the model, and the bridge between rows and the token view.
 
 A step row is one agent step as the model saw it: the step's prompt ids
-followed by its sampled action ids (clarification 1). The estimators run on
+followed by its sampled action ids; the environment side builds each step's
+prompt (Agent-R1's step MDP), so rows are not one long concatenation. The
+estimators run on
 the trajectory views (`StepBatch` `[B, T]`, `TokenBatch` `[B, N]` of action
 tokens); `RowIndex` remembers where each row's action tokens sit in the token
 view, so per-token credit is gathered onto rows and per-row model outputs are
