@@ -1,6 +1,7 @@
 # Two entry points on a fresh machine with python3 and make:
 #   make run   - create .venv, install stepcredit, run the main job on the embedded default
-#   make test  - create .venv, install stepcredit with its test extras, run the test suite
+#   make test  - create .venv, install stepcredit with its test, textworld and torch extras,
+#                run the test suite
 
 PYTHON ?= python3
 VENV := .venv
@@ -19,7 +20,7 @@ $(VENV)/.installed-run: pyproject.toml | $(BIN)/python
 	touch $@
 
 $(VENV)/.installed-test: pyproject.toml | $(BIN)/python
-	$(BIN)/python -m pip install -q -e '.[test,textworld]' torch==2.13.0
+	$(BIN)/python -m pip install -q -e '.[test,textworld,torch]'
 	touch $@
 
 run: $(VENV)/.installed-run

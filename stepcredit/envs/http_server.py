@@ -176,7 +176,7 @@ def create_app(env_factory: EnvFactory, *, dialect: str = "id", max_envs: int = 
       A `fastapi.FastAPI` app; run it with `serve` or any ASGI server.
     """
     import fastapi
-    from starlette.concurrency import run_in_threadpool
+    from fastapi.concurrency import run_in_threadpool
 
     if dialect not in FAMILIES:
         raise ValueError(f"dialect must be one of {FAMILIES}, got {dialect!r}")

@@ -6,7 +6,7 @@ import pytest
 from stepcredit.compat import verl
 from tests.reference import verl as reference
 
-torch = pytest.importorskip("torch", reason="the torch tests need `pip install torch==2.13.0`")
+torch = pytest.importorskip("torch", reason="the torch tests need `pip install -e '.[torch]'`")
 
 LENGTH = 6
 
