@@ -1,10 +1,16 @@
 """One call for trainers: any registered estimator on a collated batch.
 
-`compute_advantages(steps, tokens, name, **config)` reads what the named
-estimator needs from the step view (`StepBatch`) and the token view
-(`TokenBatch`), runs it, applies its registry whitening default
-(clarification 5) and returns token-level advantages ready for the loss, plus
-critic targets where the estimator defines them.
+`compute_advantages(steps, tokens, name, **config)` fills `CreditInputs` from
+the step view (`StepBatch`) and the token view (`TokenBatch`), runs the named
+estimator through its registry binding (`stepcredit.advantages.apply`: the
+entry decides which inputs it reads), applies the entry's whitening, and
+returns token-level advantages ready for the loss, plus critic targets where
+the estimator defines them.
+
+Whitening is never inside an estimator: each registry entry carries a default
+applied here, over valid steps ("steps", StepPO), over valid action tokens
+("tokens", token GAE, REINFORCE++, PRIME) or not at all (the group family),
+as (x - mean) / sqrt(var + 1e-8) with the unbiased variance (`masked_whiten`).
 """
 
 from __future__ import annotations
@@ -16,9 +22,12 @@ import jax
 import jax.numpy as jnp
 
 from stepcredit import advantages as adv
+from stepcredit.advantages.inputs import (CreditInputs, last_action_tokens,
+                                          token_rewards_from_steps)
 from stepcredit.batch import StepBatch, TokenBatch
 
-_PRM_KEYS = ("beta", "normalize")  # configure the implicit rewards, not the estimator
+__all__ = ["Credit", "compute_advantages", "compiled_compute_advantages", "credit_inputs",
+           "last_action_tokens", "token_rewards_from_steps"]
 
 
 class Credit(NamedTuple):
@@ -37,32 +46,14 @@ class Credit(NamedTuple):
     returns: jax.Array | None
 
 
-def last_action_tokens(step_index) -> jax.Array:
-    """`[B, N]` bool: True at the last action token of each step (where its reward sits)."""
-    step_index = jnp.asarray(step_index)
-    following = jnp.concatenate([step_index[:, 1:], jnp.full_like(step_index[:, :1], -1)], axis=1)
-    return (step_index >= 0) & (following != step_index)
-
-
-def token_rewards_from_steps(step_rewards, step_index) -> jax.Array:
-    """Places each step's reward on its last action token: the token-level reward view."""
-    on_tokens = adv.broadcast_to_tokens(step_rewards, step_index)
-    return jnp.where(last_action_tokens(step_index), on_tokens, 0.0)
-
-
-def _split_config(name: str, entry: adv.Estimator, config: dict[str, Any]):
-    prm_config = {k: config.pop(k) for k in _PRM_KEYS if k in config}
-    unknown = sorted(set(config) - set(entry.defaults) - {"num_groups", "method"})
-    if unknown:
-        raise ValueError(f"compute_advantages: {name!r} has no hyperparameter(s) {unknown}; "
-                         f"it takes {sorted(entry.defaults)}")
-    return {**entry.defaults, **config}, prm_config
-
-
-def _require(name: str, **arrays) -> None:
-    missing = [key for key, value in arrays.items() if value is None]
-    if missing:
-        raise ValueError(f"compute_advantages: estimator {name!r} needs {', '.join(missing)}")
+def credit_inputs(steps: StepBatch, tokens: TokenBatch, *, token_values=None, prm_logp=None,
+                  ref_logp=None, base_advantages=None) -> CreditInputs:
+    """The `CreditInputs` of a collated batch and the arrays the trainer adds to it."""
+    return CreditInputs(mask=steps.mask, step_rewards=steps.reward, step_values=steps.value,
+                        bootstrap_value=steps.bootstrap_value, entropy=steps.entropy,
+                        anchors=steps.anchor, group_ids=steps.group_id, scores=steps.score,
+                        step_index=tokens.step_index, token_values=token_values,
+                        prm_logp=prm_logp, ref_logp=ref_logp, base_advantages=base_advantages)
 
 
 def compute_advantages(steps: StepBatch, tokens: TokenBatch, name: str, *, token_values=None,
@@ -85,58 +76,31 @@ def compute_advantages(steps: StepBatch, tokens: TokenBatch, name: str, *, token
       token_values: `[B, N]` token-aligned critic values (token GAE).
       prm_logp, ref_logp: `[B, N]` action-token log-probs of the implicit PRM
         and of the policy that sampled the batch (iStar, PRIME).
-      base_advantages: `[B]` or `[B, T]` advantages for plain "empg".
+      base_advantages: `[B]` or `[B, T]` advantages for plain "empg" (None:
+        its base estimator's, GRPO).
       whiten: override the registry's whitening (None keeps it).
-      **config: the estimator's hyperparameters (overriding its defaults),
-        plus `beta` and `normalize` for the implicit step rewards.
+      **config: the estimator's hyperparameters and options overriding its
+        defaults (`stepcredit.advantages.get(name).accepted`), including the
+        implicit PRM's `beta` and `normalize` for iStar and PRIME.
 
     Returns:
       A `Credit`.
 
     References:
-      Each estimator's own paper (see `stepcredit.advantages.get(name).paper`);
-      clarification 17 of the design notes.
+      Each estimator's own paper (`stepcredit.advantages.get(name).paper`).
     """
     entry = adv.get(name)
-    kwargs, prm_config = _split_config(name, entry, dict(config))
+    inputs = credit_inputs(steps, tokens, token_values=token_values, prm_logp=prm_logp,
+                           ref_logp=ref_logp, base_advantages=base_advantages)
+    out = adv.apply(entry, inputs, config)
     mask, step_index = jnp.asarray(steps.mask), jnp.asarray(tokens.step_index)
-    action_mask = step_index >= 0
-    num_steps = mask.shape[1]
-    returns = step_level = token_level = None
-
-    if name == "token_gae":
-        _require(name, token_values=token_values)
-        out = adv.token_gae(token_rewards_from_steps(steps.reward, step_index), token_values,
-                            action_mask, bootstrap_value=steps.bootstrap_value, **kwargs)
-        token_level, returns = out.advantages, out.returns
-    elif name == "step_gae":
-        out = adv.step_gae(steps.reward, steps.value, mask, bootstrap_value=steps.bootstrap_value,
-                           **kwargs)
-        step_level, returns = out.advantages, out.returns
-    elif name == "reinforce_pp":
-        token_level = adv.reinforce_pp(token_rewards_from_steps(steps.reward, step_index),
-                                       action_mask, **kwargs)
-    elif entry.input_level == "trajectory" and entry.output_level == "trajectory":
-        per_trajectory = entry.fn(steps.score, steps.group_id, **kwargs)
-        step_level = jnp.where(mask, per_trajectory[:, None], 0.0)
-    elif name == "gigpo":
-        step_level = entry.fn(steps.reward, steps.anchor, steps.group_id, mask, **kwargs)
-    elif name == "empg":
-        _require(name, base_advantages=base_advantages)
-        step_level = entry.fn(base_advantages, steps.entropy, mask, **kwargs)
-    elif name in ("grpo+empg", "dapo+empg"):
-        step_level = entry.fn(steps.score, steps.group_id, steps.entropy, mask, **kwargs)
-    elif entry.needs_prm and entry.output_level == "step":
-        _require(name, prm_logp=prm_logp, ref_logp=ref_logp)
-        implicit = adv.implicit_step_rewards(prm_logp, ref_logp, step_index, num_steps,
-                                             **prm_config)
-        step_level = entry.fn(steps.score, implicit, steps.group_id, mask, **kwargs)
-    elif name == "prime":
-        _require(name, prm_logp=prm_logp, ref_logp=ref_logp)
-        token_rewards = adv.prime_token_rewards(prm_logp, ref_logp, action_mask, **prm_config)
-        token_level = entry.fn(token_rewards, steps.score, action_mask, steps.group_id, **kwargs)
+    step_level = token_level = None
+    if out.level == "trajectory":
+        step_level = jnp.where(mask, out.advantages[:, None], 0.0)
+    elif out.level == "step":
+        step_level = out.advantages
     else:
-        raise ValueError(f"compute_advantages: no input mapping for estimator {name!r}")
+        token_level = out.advantages
 
     whiten_over = entry.whiten if whiten is None else ("steps" if step_level is not None
                                                          else "tokens") if whiten else "none"
@@ -145,8 +109,8 @@ def compute_advantages(steps: StepBatch, tokens: TokenBatch, name: str, *, token
             step_level = adv.masked_whiten(step_level, mask)
         token_level = adv.broadcast_to_tokens(step_level, step_index)
     if whiten_over == "tokens":
-        token_level = adv.masked_whiten(token_level, action_mask)
-    return Credit(token_level, step_level, returns)
+        token_level = adv.masked_whiten(token_level, step_index >= 0)
+    return Credit(token_level, step_level, out.returns)
 
 
 @functools.lru_cache(maxsize=64)

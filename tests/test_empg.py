@@ -179,7 +179,9 @@ def test_grpo_empg_mismatched_batch():
 
 def test_registry_entries():
     entry = registry.get("empg")
-    assert entry.fn is empg and entry.needs_entropy and not entry.needs_groups
+    # Its base advantages, when the caller gives none, are GRPO's, which need groups.
+    assert entry.fn is empg and entry.needs_entropy and entry.base == "grpo"
+    assert entry.needs_groups and "base_advantages" not in entry.fields
     assert dict(entry.defaults) == {"k": 1.0, "k_future": 1.0, "zeta": 0.05, "eps": 1e-8,
                                     "center": True}
     assert entry.input_level == "step" and entry.output_level == "step" and entry.whiten == "none"
@@ -187,5 +189,7 @@ def test_registry_entries():
         entry = registry.get(name)
         assert entry.fn is grpo_empg and entry.needs_entropy and entry.needs_groups
         assert entry.input_level == "trajectory" and entry.output_level == "step"
+    assert registry.get("dapo+empg").recipe == registry.Recipe(clip_high=0.28,
+                                                              dynamic_sampling=True)
     dapo = registry.get("dapo+empg").paper
     assert "0.28" in dapo and "token-mean" in dapo

@@ -1,7 +1,9 @@
 """Pure, jit-compatible credit-assignment estimators.
 
 This layer imports jax and its own modules only: copy one call into any
-trainer. Estimators are also available by name through `get` and `names`.
+trainer. Estimators are also available by name through `get`, `names` and
+`apply`, which binds an entry to the `CreditInputs` it reads; `register`
+adds one.
 """
 
 from stepcredit.advantages.gae import (
@@ -32,7 +34,17 @@ from stepcredit.advantages.process import (
     prime_token_rewards,
 )
 from stepcredit.advantages.recurrence import reverse_linear_recurrence
-from stepcredit.advantages.registry import Estimator, get, names
+from stepcredit.advantages.inputs import CreditInputs
+from stepcredit.advantages.registry import (
+    Estimator,
+    EstimatorOutput,
+    Recipe,
+    apply,
+    get,
+    names,
+    register,
+    unregister,
+)
 from stepcredit.advantages.tokens import (
     broadcast_to_tokens,
     first_token_positions,
@@ -42,10 +54,13 @@ from stepcredit.advantages.tokens import (
 
 __all__ = [
     "AdvantagesAndReturns",
+    "CreditInputs",
     "DenseGroupIds",
     "Estimator",
+    "EstimatorOutput",
     "GroupStats",
     "add_process_advantage",
+    "apply",
     "broadcast_to_tokens",
     "dense_group_ids",
     "discounted_returns",
@@ -65,6 +80,8 @@ __all__ = [
     "names",
     "prime_advantages",
     "prime_token_rewards",
+    "Recipe",
+    "register",
     "reinforce_pp",
     "reinforce_pp_baseline",
     "reverse_linear_recurrence",
@@ -74,4 +91,5 @@ __all__ = [
     "step_values_from_tokens",
     "token_gae",
     "trajectory_preference_loss",
+    "unregister",
 ]

@@ -1,24 +1,50 @@
-"""Estimators by name, with their defaults, papers and what they need.
+"""Estimators by name: each entry binds its function to the credit inputs it reads.
 
-Sweeps and trainers pick an estimator by name; the entry says which inputs it
-reads (level, critic, groups, entropies, an implicit PRM) and how its output
-is whitened by the caller (whitening is never inside an estimator).
+An entry says which `CreditInputs` fields its function reads (and under which
+argument names), its hyperparameters with their sources, how the caller
+whitens its output (whitening is never inside an estimator) and the training
+recipe it implies (a critic, an implicit PRM, clip-higher, dynamic sampling).
+`apply` is the one place that calls an estimator by name: `compute_advantages`,
+offline credit, the trainer and the framework adapters all go through it.
+
+Adding an estimator is one function and one `register(Estimator(...))`.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import types
-from typing import Any, Callable, Literal, Mapping
+from typing import Any, Callable, Literal, Mapping, NamedTuple, Sequence
+
+import jax.numpy as jnp
 
 from stepcredit.advantages import gae, group
 from stepcredit.advantages.empg import empg, grpo_empg
 from stepcredit.advantages.gigpo import gigpo
+from stepcredit.advantages.inputs import CreditInputs, input_field, raw_fields
 from stepcredit.advantages.istar import istar
 from stepcredit.advantages.process import prime_advantages
 
 Level = Literal["trajectory", "step", "token"]
 Whiten = Literal["none", "steps", "tokens"]
+
+_TOKEN_FIELDS = {"step_index", "token_values", "prm_logp", "ref_logp"}
+_STEP_FIELDS = {"mask", "step_rewards", "step_values", "entropy", "anchors"}
+
+
+@dataclasses.dataclass(frozen=True)
+class Recipe:
+    """What an estimator asks of the trainer beyond its inputs.
+
+    Attributes:
+      clip_high: the PPO upper clip it comes with (DAPO's clip-higher 0.28),
+        None for the loss's default.
+      dynamic_sampling: drop groups whose scores are all equal and refill the
+        batch (DAPO).
+    """
+
+    clip_high: float | None = None
+    dynamic_sampling: bool = False
 
 
 @dataclasses.dataclass(frozen=True)
@@ -27,104 +53,217 @@ class Estimator:
 
     Attributes:
       name: the registry key.
-      fn: the pure function computing it.
-      defaults: keyword hyperparameters and their default values (each from
+      fn: the pure function computing it. It returns `[B]`, `[B, T]` or
+        `[B, N]` advantages (by `output_level`), or a NamedTuple with
+        `advantages` and `returns` (critic targets).
+      reads: which credit inputs it reads: `{argument name: field}`, each field
+        a `CreditInputs` field or a derived one (`inputs.DERIVED`); a sequence
+        of field names passes each under its own name.
+      optional: arguments of `reads` passed as None when their field is absent
+        (e.g. GAE's `bootstrap_value`: None means 0).
+      defaults: its keyword hyperparameters and their default values (each from
         the paper or the authors' scripts named in `paper`).
       paper: title and arXiv id.
-      input_level: the granularity of the rewards it reads.
       output_level: the granularity of the advantages it returns.
-      needs_critic / needs_groups / needs_entropy / needs_prm: the extra inputs.
-      whiten: how the caller whitens the output: over valid steps, over valid
-        tokens, or not at all.
+      input_level: the granularity of the rewards it reads (None: the finest
+        level among its fields).
+      whiten: how the caller whitens the output: over valid steps ("steps"),
+        over valid action tokens ("tokens"), or not at all.
+      input_defaults: hyperparameters of the derived fields it reads (the
+        implicit PRM's `beta`, `normalize`), with their defaults.
+      options: keyword options of `fn` that change no number (static group
+        counts, the recurrence's method), with their defaults.
+      base: the estimator whose advantages fill `base_advantages` when the
+        caller gives none.
+      recipe: what it asks of the trainer (`Recipe`).
     """
 
     name: str
     fn: Callable[..., Any]
+    reads: Mapping[str, str] | Sequence[str]
     defaults: Mapping[str, Any]
     paper: str
-    input_level: Level
     output_level: Level
-    needs_critic: bool = False
-    needs_groups: bool = False
-    needs_entropy: bool = False
-    needs_prm: bool = False
+    input_level: Level | None = None
     whiten: Whiten = "none"
+    input_defaults: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+    options: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+    optional: frozenset[str] = frozenset()
+    base: str | None = None
+    recipe: Recipe = Recipe()
 
     def __post_init__(self):
-        object.__setattr__(self, "defaults", types.MappingProxyType(dict(self.defaults)))
+        reads = dict(self.reads) if isinstance(self.reads, Mapping) else {f: f for f in self.reads}
+        object.__setattr__(self, "reads", types.MappingProxyType(reads))
+        object.__setattr__(self, "optional", frozenset(self.optional))
+        if not self.optional <= set(reads):
+            raise ValueError(f"Estimator {self.name!r}: optional {sorted(self.optional)} are not "
+                             f"all arguments of reads {sorted(reads)}")
+        for attribute in ("defaults", "input_defaults", "options"):
+            object.__setattr__(self, attribute,
+                               types.MappingProxyType(dict(getattr(self, attribute))))
+        for field in reads.values():
+            raw_fields(field)  # raises naming the known fields
+        clash = set(self.defaults) & set(self.input_defaults) | (
+            set(self.defaults) | set(self.input_defaults)) & set(self.options)
+        if clash:
+            raise ValueError(f"Estimator {self.name!r}: {sorted(clash)} named twice among "
+                             "defaults, input_defaults and options")
+        if self.input_level is None:
+            fields = self.fields
+            level = ("token" if fields & _TOKEN_FIELDS else
+                     "step" if fields & _STEP_FIELDS else "trajectory")
+            object.__setattr__(self, "input_level", level)
+        if self.whiten not in ("none", "steps", "tokens"):
+            raise ValueError(f"Estimator {self.name!r}: whiten={self.whiten!r}; expected "
+                             "'none', 'steps' or 'tokens'")
+
+    @property
+    def fields(self) -> frozenset[str]:
+        """The raw `CreditInputs` fields it needs (base_advantages only when it has no base)."""
+        needed = {raw for field in self.reads.values() for raw in raw_fields(field)}
+        if self.base is not None and "base_advantages" in needed:
+            needed = needed - {"base_advantages"} | get(self.base).fields
+        return frozenset(needed)
+
+    @property
+    def needs_critic(self) -> bool:
+        return bool(self.fields & {"step_values", "token_values"})
+
+    @property
+    def needs_groups(self) -> bool:
+        return "group_ids" in self.fields
+
+    @property
+    def needs_entropy(self) -> bool:
+        return "entropy" in self.fields
+
+    @property
+    def needs_prm(self) -> bool:
+        return "prm_logp" in self.fields
+
+    @property
+    def accepted(self) -> dict[str, Any]:
+        """Every keyword it accepts, with its default."""
+        return {**self.defaults, **self.input_defaults, **self.options}
+
+    def resolve(self, overrides: Mapping[str, Any] | None = None) -> dict[str, Any]:
+        """Its full configuration: the defaults with `overrides` checked and applied.
+
+        A value must have its default's type (bool, number or string; a number
+        given for a float default becomes a float); keys without a typed
+        default (None) take any value.
+
+        Raises:
+          ValueError: an unknown key or a wrong type, naming the accepted keys.
+        """
+        accepted = self.accepted
+        resolved = dict(accepted)
+        for key, value in (overrides or {}).items():
+            if key not in accepted:
+                raise ValueError(f"estimator {self.name!r} has no hyperparameter {key!r}; it "
+                                 f"takes {', '.join(sorted(accepted)) or 'none'}")
+            resolved[key] = _typed(self.name, key, value, accepted[key])
+        return resolved
 
 
-_STEPPO = "Step-Aligned Policy Optimization for Agentic RL (StepPO), arXiv 2604.18401"
-_EMPG = ("Harnessing Uncertainty: Entropy-Modulated Policy Gradients (EMPG), arXiv 2509.09265; "
-         "k 1 from the paper, k_future 1 and zeta 0.05 from ARLArena's grid (arXiv 2602.21534)")
-_EMPG_DEFAULTS = {"k": 1.0, "k_future": 1.0, "zeta": 0.05, "eps": 1e-8, "center": True}
-_ISTAR = ("Agentic RL with Implicit Step Rewards (iStar), arXiv 2509.19199; alpha 1 "
-          "(step_advantage_w) and RLOO episodes (istar_rloo) from the authors' scripts; step "
-          "rewards from implicit_step_rewards with beta 0.05")
-_ISTAR_DEFAULTS = {"alpha": 1.0, "episode": "rloo", "step_baseline": "all_steps",
-                   "std": "unbiased", "eps": 1e-6}
+def _typed(name: str, key: str, value: Any, default: Any) -> Any:
+    if default is None:
+        return value
+    if isinstance(default, bool):
+        ok = isinstance(value, bool)
+    elif isinstance(default, (int, float)):
+        ok = isinstance(value, (int, float)) and not isinstance(value, bool)
+        if ok and isinstance(default, float):
+            value = float(value)
+    else:
+        ok = isinstance(value, type(default))
+    if not ok:
+        raise ValueError(f"estimator {name!r}: {key}={value!r} is a {type(value).__name__}; "
+                         f"it must be a {type(default).__name__} like its default {default!r}")
+    return value
 
-_ENTRIES = (
-    Estimator("token_gae", gae.token_gae, {"gamma": 1.0, "lam": 1.0}, _STEPPO,
-              input_level="token", output_level="token", needs_critic=True, whiten="tokens"),
-    Estimator("step_gae", gae.step_gae, {"gamma": 1.0, "lam": 1.0}, _STEPPO,
-              input_level="step", output_level="step", needs_critic=True, whiten="steps"),
-    # Group-relative family: one score per trajectory, broadcast to its steps and tokens.
-    Estimator("grpo", group.grpo, {"std": "unbiased", "eps": 1e-6, "singleton": "zero"},
-              "DeepSeekMath (GRPO), arXiv 2402.03300; unbiased std and eps 1e-6 as in verl",
-              input_level="trajectory", output_level="trajectory", needs_groups=True),
-    Estimator("drgrpo", group.grpo, {"std": "none", "singleton": "zero"},
-              "Understanding R1-Zero-Like Training (Dr. GRPO), arXiv 2503.20783; no std "
-              "division, and the loss divides token sums by a constant "
-              "(agg='seq-mean-token-sum-norm')",
-              input_level="trajectory", output_level="trajectory", needs_groups=True),
-    Estimator("rloo", group.rloo, {"singleton": "zero"},
-              "Back to Basics: Revisiting REINFORCE Style Optimization (RLOO), arXiv 2402.14740",
-              input_level="trajectory", output_level="trajectory", needs_groups=True),
-    Estimator("reinforce_pp", group.reinforce_pp, {"gamma": 1.0},
-              "REINFORCE++, arXiv 2501.03262; gamma 1 is verl's default",
-              input_level="token", output_level="token", whiten="tokens"),
-    Estimator("reinforce_pp_baseline", group.reinforce_pp_baseline, {"singleton": "zero"},
-              "REINFORCE++(-baseline), arXiv 2501.03262",
-              input_level="trajectory", output_level="trajectory", needs_groups=True,
-              whiten="tokens"),
-    Estimator("gigpo", gigpo, {"gamma": 0.95, "omega": 1.0, "std": "unbiased", "eps": 1e-6,
-                                     "singleton": "zero"},
-              "Group-in-Group Policy Optimization (GiGPO), arXiv 2505.10978; gamma 0.95, "
-              "omega 1 and std 'unbiased' from the authors' ALFWorld script "
-              "(mode=mean_std_norm); their WebShop script uses std 'none' (mode=mean_norm)",
-              input_level="step", output_level="step", needs_groups=True),
-    # EMPG modulates a given advantage by step entropy; its combinations start from GRPO scores.
-    Estimator("empg", empg, _EMPG_DEFAULTS, _EMPG,
-              input_level="step", output_level="step", needs_entropy=True),
-    Estimator("grpo+empg", grpo_empg, {"std": "unbiased", "grpo_eps": 1e-6, **_EMPG_DEFAULTS},
-              _EMPG + "; GRPO (DeepSeekMath, arXiv 2402.03300) episode advantages",
-              input_level="trajectory", output_level="step", needs_groups=True,
-              needs_entropy=True),
-    Estimator("dapo+empg", grpo_empg, {"std": "unbiased", "grpo_eps": 1e-6, **_EMPG_DEFAULTS},
-              _EMPG + "; DAPO (arXiv 2503.14476) uses GRPO's advantages: its loss settings "
-              "clip_low 0.2, clip_high 0.28, agg='token-mean', and dynamic sampling and the "
-              "overlong penalty in the trainer",
-              input_level="trajectory", output_level="step", needs_groups=True,
-              needs_entropy=True),
-    # iStar: episode RLOO/GRPO plus the group-normalised implicit step reward of a DPO PRM.
-    Estimator("istar", istar, _ISTAR_DEFAULTS, _ISTAR,
-              input_level="step", output_level="step", needs_groups=True, needs_prm=True),
-    Estimator("rloo+istar", istar, _ISTAR_DEFAULTS, _ISTAR,
-              input_level="step", output_level="step", needs_groups=True, needs_prm=True),
-    Estimator("grpo+istar", istar, {**_ISTAR_DEFAULTS, "episode": "grpo"},
-              _ISTAR + "; the paper's A^E and A^S divide by the std (the code's istar_grpo "
-              "default mean_norm is std='none')",
-              input_level="step", output_level="step", needs_groups=True, needs_prm=True),
-    Estimator("prime", prime_advantages, {"reward_dpo_coef": 5.0, "reward_gt_coef": 5.0},
-              "Process Reinforcement through Implicit Rewards (PRIME), arXiv 2502.01456; "
-              "coefficients 5 and 5 from the verl PRIME recipe; token rewards from "
-              "prime_token_rewards with beta 0.05",
-              input_level="token", output_level="token", needs_groups=True, needs_prm=True,
-              whiten="tokens"),
-)
 
-_REGISTRY: dict[str, Estimator] = {entry.name: entry for entry in _ENTRIES}
+class EstimatorOutput(NamedTuple):
+    """What `apply` returns.
+
+    Attributes:
+      advantages: `[B]`, `[B, T]` or `[B, N]` by `level`, before whitening.
+      returns: critic targets of the same shape, or None.
+      level: the entry's output level.
+    """
+
+    advantages: Any
+    returns: Any
+    level: Level
+
+
+def apply(name: str | Estimator, inputs: CreditInputs,
+          config: Mapping[str, Any] | None = None) -> EstimatorOutput:
+    """Runs an estimator on the credit inputs it reads.
+
+    Args:
+      name: a registry name or an `Estimator`.
+      inputs: the `CreditInputs`; only the fields the entry reads are used.
+      config: hyperparameters and options overriding the entry's defaults
+        (`Estimator.resolve`).
+
+    Returns:
+      `EstimatorOutput(advantages, returns, level)`.
+
+    Raises:
+      ValueError: an unknown hyperparameter, or a field the entry reads is None.
+    """
+    entry = name if isinstance(name, Estimator) else get(name)
+    resolved = entry.resolve(config)
+    if entry.base is not None and inputs.base_advantages is None:
+        inputs = inputs._replace(base_advantages=_base_advantages(entry.base, inputs))
+    absent = {argument for argument in entry.optional
+              if getattr(inputs, entry.reads[argument]) is None}
+    missing = sorted({raw for argument, field in entry.reads.items() if argument not in absent
+                      for raw in raw_fields(field) if getattr(inputs, raw) is None})
+    if missing:
+        raise ValueError(f"estimator {entry.name!r} needs {', '.join(missing)}; not given")
+    input_params = {k: resolved[k] for k in entry.input_defaults}
+    arrays = {argument: None if argument in absent
+              else input_field(inputs, field, input_params, reader=entry.name)
+              for argument, field in entry.reads.items()}
+    keywords = {k: v for k, v in resolved.items() if k not in entry.input_defaults}
+    out = entry.fn(**arrays, **keywords)
+    if hasattr(out, "returns"):
+        return EstimatorOutput(out.advantages, out.returns, entry.output_level)
+    return EstimatorOutput(out, None, entry.output_level)
+
+
+def _base_advantages(base: str, inputs: CreditInputs):
+    """The base estimator's advantages at its defaults, as `[B, T]` over valid steps."""
+    out = apply(base, inputs)
+    if out.level == "trajectory":
+        return jnp.where(inputs.mask, out.advantages[:, None], 0.0)
+    return out.advantages
+
+
+_REGISTRY: dict[str, Estimator] = {}
+
+
+def register(entry: Estimator, *, replace: bool = False) -> Estimator:
+    """Adds `entry` under `entry.name`; returns it.
+
+    Raises:
+      ValueError: the name is taken (unless `replace`), or its base is unknown.
+    """
+    if entry.name in _REGISTRY and not replace:
+        raise ValueError(f"estimator {entry.name!r} is already registered; pass replace=True")
+    if entry.base is not None and entry.base not in _REGISTRY:
+        raise ValueError(f"estimator {entry.name!r}: base {entry.base!r} is not registered")
+    _REGISTRY[entry.name] = entry
+    return entry
+
+
+def unregister(name: str) -> None:
+    """Removes the estimator registered as `name`."""
+    get(name)
+    del _REGISTRY[name]
 
 
 def get(name: str) -> Estimator:
@@ -138,3 +277,101 @@ def get(name: str) -> Estimator:
 def names() -> tuple[str, ...]:
     """The registered estimator names, sorted."""
     return tuple(sorted(_REGISTRY))
+
+
+# ---------------------------------------------------------------------- the entries
+
+_STEPPO = "Step-Aligned Policy Optimization for Agentic RL (StepPO), arXiv 2604.18401"
+_EMPG = ("Harnessing Uncertainty: Entropy-Modulated Policy Gradients (EMPG), arXiv 2509.09265; "
+         "k 1 from the paper, k_future 1 and zeta 0.05 from ARLArena's grid (arXiv 2602.21534)")
+_EMPG_DEFAULTS = {"k": 1.0, "k_future": 1.0, "zeta": 0.05, "eps": 1e-8, "center": True}
+_ISTAR = ("Agentic RL with Implicit Step Rewards (iStar), arXiv 2509.19199; alpha 1 "
+          "(step_advantage_w) and RLOO episodes (istar_rloo) from the authors' scripts; step "
+          "rewards from implicit_step_rewards with beta 0.05")
+_ISTAR_DEFAULTS = {"alpha": 1.0, "episode": "rloo", "step_baseline": "all_steps",
+                   "std": "unbiased", "eps": 1e-6}
+# The implicit PRM's beta (0.05, iStar's and PRIME's scripts) scales its rewards and, in the
+# trainer, its preference loss: one number for both.
+_PRM_INPUTS = {"beta": 0.05, "normalize": None}
+_GROUPS = {"num_groups": None}
+_METHOD = {"method": "sequential"}
+
+_TOKEN_GAE_READS = {"rewards": "token_rewards", "values": "token_values", "mask": "action_mask",
+                    "bootstrap_value": "bootstrap_value"}
+_STEP_GAE_READS = {"rewards": "step_rewards", "values": "step_values", "mask": "mask",
+                   "bootstrap_value": "bootstrap_value"}
+_SCORES = {"scores": "scores", "group_ids": "group_ids"}
+_GRPO_EMPG_READS = {**_SCORES, "entropy": "entropy", "mask": "mask"}
+_ISTAR_READS = {**_SCORES, "step_rewards": "implicit_step_rewards", "mask": "mask"}
+
+for _entry in (
+    Estimator("token_gae", gae.token_gae, _TOKEN_GAE_READS, {"gamma": 1.0, "lam": 1.0}, _STEPPO,
+              output_level="token", whiten="tokens", optional={"bootstrap_value"},
+              options=_METHOD),
+    Estimator("step_gae", gae.step_gae, _STEP_GAE_READS, {"gamma": 1.0, "lam": 1.0}, _STEPPO,
+              output_level="step", whiten="steps", optional={"bootstrap_value"}, options=_METHOD),
+    # Group-relative family: one score per trajectory, broadcast to its steps and tokens.
+    Estimator("grpo", group.grpo, _SCORES, {"std": "unbiased", "eps": 1e-6, "singleton": "zero"},
+              "DeepSeekMath (GRPO), arXiv 2402.03300; unbiased std and eps 1e-6 as in verl",
+              output_level="trajectory", options=_GROUPS),
+    Estimator("drgrpo", group.grpo, _SCORES, {"std": "none", "singleton": "zero"},
+              "Understanding R1-Zero-Like Training (Dr. GRPO), arXiv 2503.20783; no std "
+              "division, and the loss divides token sums by a constant "
+              "(agg='seq-mean-token-sum-norm')",
+              output_level="trajectory", options=_GROUPS),
+    Estimator("rloo", group.rloo, _SCORES, {"singleton": "zero"},
+              "Back to Basics: Revisiting REINFORCE Style Optimization (RLOO), arXiv 2402.14740",
+              output_level="trajectory", options=_GROUPS),
+    Estimator("reinforce_pp", group.reinforce_pp,
+              {"token_rewards": "token_rewards", "mask": "action_mask"}, {"gamma": 1.0},
+              "REINFORCE++, arXiv 2501.03262; gamma 1 is verl's default",
+              output_level="token", whiten="tokens", options=_METHOD),
+    Estimator("reinforce_pp_baseline", group.reinforce_pp_baseline, _SCORES,
+              {"singleton": "zero"}, "REINFORCE++(-baseline), arXiv 2501.03262",
+              output_level="trajectory", whiten="tokens", options=_GROUPS),
+    # The episode score is the masked sum of step rewards (invalid-action penalties included).
+    Estimator("gigpo", gigpo, {"step_rewards": "step_rewards", "anchors": "anchors",
+                               "group_ids": "group_ids", "mask": "mask"},
+              {"gamma": 0.95, "omega": 1.0, "std": "unbiased", "eps": 1e-6, "singleton": "zero"},
+              "Group-in-Group Policy Optimization (GiGPO), arXiv 2505.10978; gamma 0.95, "
+              "omega 1 and std 'unbiased' from the authors' ALFWorld script "
+              "(mode=mean_std_norm); their WebShop script uses std 'none' (mode=mean_norm)",
+              output_level="step", options={**_GROUPS, **_METHOD}),
+    # EMPG modulates a given advantage by step entropy: GRPO's unless the caller gives one.
+    Estimator("empg", empg, {"advantages": "base_advantages", "entropy": "entropy",
+                             "mask": "mask"}, _EMPG_DEFAULTS,
+              _EMPG + "; its base advantages are GRPO's (DeepSeekMath, arXiv 2402.03300) "
+              "unless given", output_level="step", input_level="step", base="grpo"),
+    Estimator("grpo+empg", grpo_empg, _GRPO_EMPG_READS,
+              {"std": "unbiased", "grpo_eps": 1e-6, **_EMPG_DEFAULTS},
+              _EMPG + "; GRPO (DeepSeekMath, arXiv 2402.03300) episode advantages",
+              output_level="step", input_level="trajectory", options=_GROUPS),
+    Estimator("dapo+empg", grpo_empg, _GRPO_EMPG_READS,
+              {"std": "unbiased", "grpo_eps": 1e-6, **_EMPG_DEFAULTS},
+              _EMPG + "; DAPO (arXiv 2503.14476) uses GRPO's advantages: its loss settings "
+              "clip_low 0.2, clip_high 0.28, agg='token-mean', and dynamic sampling and the "
+              "overlong penalty in the trainer",
+              output_level="step", input_level="trajectory", options=_GROUPS,
+              recipe=Recipe(clip_high=0.28, dynamic_sampling=True)),
+    # iStar: episode RLOO/GRPO plus the group-normalised implicit step reward of a DPO PRM.
+    Estimator("istar", istar, _ISTAR_READS, _ISTAR_DEFAULTS, _ISTAR, output_level="step",
+              input_level="step", input_defaults=_PRM_INPUTS, options=_GROUPS),
+    Estimator("rloo+istar", istar, _ISTAR_READS, _ISTAR_DEFAULTS, _ISTAR, output_level="step",
+              input_level="step", input_defaults=_PRM_INPUTS, options=_GROUPS),
+    Estimator("grpo+istar", istar, _ISTAR_READS, {**_ISTAR_DEFAULTS, "episode": "grpo"},
+              _ISTAR + "; the paper's A^E and A^S divide by the std (the code's istar_grpo "
+              "default mean_norm is std='none')",
+              output_level="step", input_level="step", input_defaults=_PRM_INPUTS,
+              options=_GROUPS),
+    Estimator("prime", prime_advantages,
+              {"token_rewards": "prime_token_rewards", "outcome_scores": "scores",
+               "action_mask": "action_mask", "group_ids": "group_ids"},
+              {"reward_dpo_coef": 5.0, "reward_gt_coef": 5.0},
+              "Process Reinforcement through Implicit Rewards (PRIME), arXiv 2502.01456; "
+              "coefficients 5 and 5 from the verl PRIME recipe; token rewards from "
+              "prime_token_rewards with beta 0.05",
+              output_level="token", whiten="tokens", input_defaults={"beta": 0.05},
+              options=_GROUPS),
+):
+    register(_entry)
+del _entry

@@ -1,0 +1,139 @@
+"""The one container of credit inputs that every registered estimator reads from.
+
+A trainer, offline credit or a framework adapter fills the fields it has; a
+registry entry (`stepcredit.advantages.registry`) names the fields its
+function reads, and `input_field` hands them over, computing the derived
+fields (token rewards, action mask, implicit PRM rewards, a base estimator's
+advantages) from the raw ones on demand.
+
+Conventions, for every field:
+  - Step arrays are `[B, T]` (B trajectories, T steps, padded); `mask` is
+    True on real steps. Token arrays are `[B, N]`: one trajectory's action
+    tokens in order, with `step_index` naming each token's step (-1 on
+    observation, prompt and padding tokens).
+  - A value at a token is the critic's estimate of the state *before* that
+    token (the critic output at the preceding position, verl's shifted
+    slice), so the value at a step's first action token is V(s_t).
+  - `bootstrap_value[b]` is the value after trajectory b's last valid step:
+    V(s_next) when a limit truncated it, 0 after a true termination.
+  - A step's reward sits on its last action token in the token view.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Mapping, NamedTuple
+
+import jax
+import jax.numpy as jnp
+
+from stepcredit.advantages.istar import implicit_step_rewards
+from stepcredit.advantages.process import prime_token_rewards
+from stepcredit.advantages.tokens import broadcast_to_tokens
+
+
+class CreditInputs(NamedTuple):
+    """Every array an estimator may read; a pytree (None where absent).
+
+    Attributes:
+      mask: `[B, T]` bool, True on real steps.
+      step_rewards: `[B, T]` reward of each step.
+      step_values: `[B, T]` V(s_t), the critic at each step's start.
+      bootstrap_value: `[B]` value after the last valid step (see module doc).
+      entropy: `[B, T]` mean token entropy of each step's action.
+      anchors: `[B, T]` int anchor-state id of each step (GiGPO), -1 for none.
+      group_ids: `[B]` int group (task) of each trajectory.
+      scores: `[B]` trajectory (episode) score.
+      step_index: `[B, N]` int step of each action token, -1 elsewhere.
+      token_values: `[B, N]` critic value before each action token.
+      prm_logp: `[B, N]` action-token log-probs under an implicit PRM.
+      ref_logp: `[B, N]` action-token log-probs under the policy that
+        sampled the batch (iStar's rolling old policy; PRIME's reference).
+      base_advantages: `[B]` or `[B, T]` advantages that an estimator
+        reweights (plain EMPG); None lets the entry's base estimator supply them.
+    """
+
+    mask: Any = None
+    step_rewards: Any = None
+    step_values: Any = None
+    bootstrap_value: Any = None
+    entropy: Any = None
+    anchors: Any = None
+    group_ids: Any = None
+    scores: Any = None
+    step_index: Any = None
+    token_values: Any = None
+    prm_logp: Any = None
+    ref_logp: Any = None
+    base_advantages: Any = None
+
+
+RAW_FIELDS = CreditInputs._fields
+
+
+def last_action_tokens(step_index) -> jax.Array:
+    """`[B, N]` bool: True at the last action token of each step (where its reward sits)."""
+    step_index = jnp.asarray(step_index)
+    following = jnp.concatenate([step_index[:, 1:], jnp.full_like(step_index[:, :1], -1)], axis=1)
+    return (step_index >= 0) & (following != step_index)
+
+
+def token_rewards_from_steps(step_rewards, step_index) -> jax.Array:
+    """`[B, N]`: each step's reward `[B, T]` on its last action token, 0 elsewhere."""
+    on_tokens = broadcast_to_tokens(step_rewards, step_index)
+    return jnp.where(last_action_tokens(step_index), on_tokens, 0.0)
+
+
+class Derived(NamedTuple):
+    """A field computed from others: `compute(*fields, **params)`."""
+
+    compute: Callable[..., jax.Array]
+    fields: tuple[str, ...]
+    params: tuple[str, ...]
+
+
+def _implicit_step_rewards(prm_logp, ref_logp, step_index, mask, **params):
+    return implicit_step_rewards(prm_logp, ref_logp, step_index, jnp.shape(mask)[1], **params)
+
+
+def _prime_token_rewards(prm_logp, ref_logp, step_index, **params):
+    return prime_token_rewards(prm_logp, ref_logp, jnp.asarray(step_index) >= 0, **params)
+
+
+DERIVED: Mapping[str, Derived] = {
+    "action_mask": Derived(lambda step_index: jnp.asarray(step_index) >= 0, ("step_index",), ()),
+    "token_rewards": Derived(token_rewards_from_steps, ("step_rewards", "step_index"), ()),
+    # iStar: r_t = beta sum over step t's tokens of (log pi_prm - log pi_old).
+    "implicit_step_rewards": Derived(_implicit_step_rewards,
+                                     ("prm_logp", "ref_logp", "step_index", "mask"),
+                                     ("beta", "normalize")),
+    # PRIME: r_n = beta (log pi_prm - log pi_ref) at each action token.
+    "prime_token_rewards": Derived(_prime_token_rewards, ("prm_logp", "ref_logp", "step_index"),
+                                   ("beta",)),
+}
+
+
+def raw_fields(field: str) -> tuple[str, ...]:
+    """The raw `CreditInputs` fields that `field` (raw or derived) is computed from."""
+    if field in RAW_FIELDS:
+        return (field,)
+    if field not in DERIVED:
+        raise KeyError(f"unknown credit input {field!r}; known: "
+                       f"{', '.join(sorted({*RAW_FIELDS, *DERIVED}))}")
+    return tuple(dict.fromkeys(raw for f in DERIVED[field].fields for raw in raw_fields(f)))
+
+
+def input_field(inputs: CreditInputs, field: str, params: Mapping[str, Any],
+                *, reader: str) -> jax.Array:
+    """The array `field` of `inputs`, derived with `params` where it is not raw.
+
+    Raises:
+      ValueError: naming `reader` (the estimator) and the missing raw field.
+    """
+    if field in RAW_FIELDS:
+        value = getattr(inputs, field)
+        if value is None:
+            raise ValueError(f"estimator {reader!r} reads {field!r}, which was not given")
+        return value
+    derived = DERIVED[field]
+    args = [input_field(inputs, f, params, reader=reader) for f in derived.fields]
+    return derived.compute(*args, **{k: params[k] for k in derived.params if k in params})
