@@ -4,9 +4,9 @@ GiGPO groups the steps taken from the same environment state. The state is
 the raw observation the environment returned (not the prompt with history).
 This module turns observations into
 
-  - stable 64-bit keys (`observation_key`): blake2b of a canonical byte
-    encoding, equal across processes and runs (Python's `hash` is salted per
-    process, so it is never used);
+  - stable 64-bit keys (`observation_keys`, by `stepcredit.keys.stable_key`):
+    blake2b of a canonical byte encoding, equal across processes and runs
+    (Python's `hash` is salted per process, so it is never used);
   - dense int32 ids per batch (`dense_anchor_ids`, `anchor_ids`), which is what
     `stepcredit.advantages.gigpo` takes (64-bit keys overflow JAX's default
     int32);
@@ -20,12 +20,12 @@ Plain Python and NumPy; nothing here is traced.
 from __future__ import annotations
 
 import difflib
-import hashlib
-import struct
-from collections.abc import Mapping, Sequence, Set
+from collections.abc import Sequence
 from typing import Any, NamedTuple
 
 import numpy as np
+
+from stepcredit.keys import dense_ids, stable_key
 
 
 class AnchorIds(NamedTuple):
@@ -33,93 +33,6 @@ class AnchorIds(NamedTuple):
 
     ids: np.ndarray
     mask: np.ndarray
-
-
-def _length(n: int) -> bytes:
-    return struct.pack("<Q", n)
-
-
-def _encode(x: Any, out: list[bytes]) -> None:
-    """Appends a canonical, type-tagged, length-prefixed byte encoding of `x` to `out`."""
-    if x is None:
-        out.append(b"N")
-    elif isinstance(x, (bool, np.bool_)):
-        out.append(b"T" if x else b"F")
-    elif isinstance(x, (int, np.integer)):
-        digits = str(int(x)).encode()
-        out += [b"i", _length(len(digits)), digits]
-    elif isinstance(x, (float, np.floating)):
-        out += [b"f", struct.pack("<d", float(x))]
-    elif isinstance(x, str):
-        data = x.encode("utf-8")
-        out += [b"s", _length(len(data)), data]
-    elif isinstance(x, (bytes, bytearray, memoryview)):
-        data = bytes(x)
-        out += [b"b", _length(len(data)), data]
-    elif isinstance(x, np.ndarray) or hasattr(x, "__array__"):
-        _encode_array(np.asarray(x), out)
-    elif isinstance(x, Mapping):
-        items = sorted(_encoded(k) + _encoded(v) for k, v in x.items())
-        out += [b"d", _length(len(items))] + items
-    elif isinstance(x, Set):
-        items = sorted(_encoded(v) for v in x)
-        out += [b"e", _length(len(items))] + items
-    elif isinstance(x, Sequence):
-        out += [b"l", _length(len(x))]
-        for item in x:
-            _encode(item, out)
-    else:
-        raise TypeError(f"observation_key: cannot encode an object of type {type(x).__name__}; "
-                        f"use str, bytes, numbers, NumPy arrays, or lists, tuples, dicts and "
-                        f"sets of these")
-
-
-def _encode_array(x: np.ndarray, out: list[bytes]) -> None:
-    if x.dtype == object:
-        out += [b"o", _length(x.ndim)] + [_length(n) for n in x.shape]
-        for item in x.reshape(-1):
-            _encode(item, out)
-        return
-    little = x.astype(x.dtype.newbyteorder("<"), copy=False)
-    dtype = little.dtype.str.encode()
-    data = np.ascontiguousarray(little).tobytes()
-    out += [b"a", _length(len(dtype)), dtype, _length(x.ndim)]
-    out += [_length(n) for n in x.shape] + [_length(len(data)), data]
-
-
-def _encoded(x: Any) -> bytes:
-    out: list[bytes] = []
-    _encode(x, out)
-    return b"".join(out)
-
-
-def observation_key(observation: Any) -> int:
-    """A stable 64-bit key of a raw observation.
-
-    The key is the 8-byte blake2b digest of a canonical encoding: the type is
-    part of it ("1" and 1 differ; a list equals the tuple of its items, as in
-    the authors' `to_hashable`), strings are UTF-8, arrays contribute their
-    dtype, shape and bytes (little-endian, C order), mappings and sets are
-    sorted, and NumPy scalars encode as the Python number of their value.
-    Equal observations give equal keys in every process and on every run.
-
-    Args:
-      observation: a string, bytes, number, None, NumPy array (or anything
-        with `__array__`), or a list, tuple, dict or set of these.
-
-    Returns:
-      An int in [0, 2**64).
-
-    Raises:
-      TypeError: for an object of another type (naming it).
-
-    Example: `observation_key("You are in the kitchen.")` is
-    3991932235397279594 in every Python process; `observation_key(np.zeros(3))`
-    differs from
-    `observation_key(np.zeros(3, np.float32))`.
-    """
-    digest = hashlib.blake2b(_encoded(observation), digest_size=8).digest()
-    return int.from_bytes(digest, "little")
 
 
 def _padded_shape(fn: str, trajectories: Sequence[Sequence[Any]],
@@ -136,7 +49,7 @@ def _padded_shape(fn: str, trajectories: Sequence[Sequence[Any]],
 
 def observation_keys(trajectories: Sequence[Sequence[Any]], *,
                      num_steps: int | None = None) -> tuple[np.ndarray, np.ndarray]:
-    """Keys of ragged trajectories' observations, padded to `[B, T]`.
+    """Keys of ragged trajectories' observations (`stepcredit.keys.stable_key`), padded to `[B, T]`.
 
     Args:
       trajectories: B sequences, each the observations a trajectory acted from,
@@ -155,7 +68,7 @@ def observation_keys(trajectories: Sequence[Sequence[Any]], *,
     mask = np.zeros((batch, steps), bool)
     for b, observations in enumerate(trajectories):
         for t, observation in enumerate(observations):
-            keys[b, t] = observation_key(observation)
+            keys[b, t] = stable_key(observation)
             mask[b, t] = True
     return keys, mask
 
@@ -184,9 +97,7 @@ def dense_anchor_ids(keys, mask) -> np.ndarray:
         raise ValueError(f"dense_anchor_ids: keys has shape {keys.shape} but mask has shape "
                          f"{mask.shape}; both must be [B, T]")
     ids = np.full(keys.shape, -1, np.int32)
-    if mask.any():
-        _, inverse = np.unique(keys[mask], return_inverse=True)
-        ids[mask] = inverse.reshape(-1).astype(np.int32)
+    ids[mask] = dense_ids(keys[mask], order="sorted")[0]
     return ids
 
 
@@ -194,7 +105,7 @@ def anchor_ids(trajectories: Sequence[Sequence[Any]], *, num_steps: int | None =
     """Exact-match anchors: dense int32 ids of hashed raw observations, per batch.
 
     Two steps share an id when their observations encode to the same bytes
-    (see `observation_key`). GiGPO compares steps only inside an episode group,
+    (see `stepcredit.keys.stable_key`). GiGPO compares steps only inside an episode group,
     so ids need not be distinct across groups; here they are batch-wide.
 
     Args:

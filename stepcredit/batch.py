@@ -41,7 +41,7 @@ class StepRecord:
       action_entropy: optional per-token entropies of the sampling policy.
       value: optional critic value V(s_t) at the step's start.
       anchor: optional integer key of the raw environment state for GiGPO,
-        e.g. `stepcredit.anchors.observation_key(observation.anchor)` (any
+        e.g. `stepcredit.keys.stable_key(observation.anchor)` (any
         size: `collate` maps keys to dense int32 ids per batch).
       info: free metadata (validity of the action, environment info...).
       prompt_ids: optional full prompt the policy saw at this step (task,

@@ -18,10 +18,10 @@ from typing import Any, Callable, NamedTuple, Sequence
 import jax
 import numpy as np
 
-from stepcredit.anchors import observation_key
 from stepcredit.batch import StepRecord, Trajectory
 from stepcredit.envs.base import Observation
 from stepcredit.envs.pool import EnvPool
+from stepcredit.keys import stable_key
 from stepcredit.models.generate import generate
 from stepcredit.models.tokenizer import Tokenizer
 from stepcredit.models.transformer import forward, pack_rows
@@ -299,7 +299,7 @@ def collect(graphdef, state, pool: EnvPool, tasks: Sequence[Any], group_size: in
                 action_entropy=out.entropies[i, :len(ids)].tolist(),
                 reward=float(result.reward) - penalty, done=result.done,
                 truncated=result.truncated and not result.done, value=float(out.values[i]),
-                anchor=observation_key(observations[i].anchor), info=info,
+                anchor=stable_key(observations[i].anchor), info=info,
                 prompt_ids=prompts[i].ids))
             histories[i].append((observations[i].text, history_action(config, actions[i], ids)))
             observations[i] = result.observation

@@ -1,51 +1,9 @@
-"""Host-side anchor keys: stable hashing, dense per-batch ids, similarity clusters."""
-
-import os
-import subprocess
-import sys
+"""Host-side anchors: dense per-batch ids of observation keys, similarity clusters."""
 
 import numpy as np
 import pytest
 
 from stepcredit import anchors
-
-KITCHEN_KEY = 3991932235397279594  # observation_key("You are in the kitchen.") in every process
-
-
-def test_key_is_stable_across_processes_and_hash_seeds():
-    assert anchors.observation_key("You are in the kitchen.") == KITCHEN_KEY
-    code = ("import importlib.util, sys\n"
-            "spec = importlib.util.spec_from_file_location('a', sys.argv[1])\n"
-            "m = importlib.util.module_from_spec(spec)\n"
-            "spec.loader.exec_module(m)\n"
-            "print(m.observation_key('You are in the kitchen.'),\n"
-            "      m.observation_key({'b': (1, 2.5), 'a': None}))")
-    outputs = set()
-    for seed in ("1", "2"):
-        env = dict(os.environ, PYTHONHASHSEED=seed)
-        result = subprocess.run([sys.executable, "-c", code, anchors.__file__], env=env,
-                                capture_output=True, text=True, check=True)
-        outputs.add(result.stdout.strip())
-    expected = f"{KITCHEN_KEY} {anchors.observation_key({'a': None, 'b': [1, 2.5]})}"
-    assert outputs == {expected}
-
-
-def test_keys_distinguish_types_and_follow_the_canonical_encoding():
-    key = anchors.observation_key
-    distinct = ["1", 1, 1.0, True, b"1", None, (1,), ["1"], np.array([1]), np.array([1.0]),
-                np.array([[1]]), "", b"", (), {}, ("a", "b"), ("ab",)]
-    assert len({key(x) for x in distinct}) == len(distinct)
-    assert key([1, "a"]) == key((1, "a"))
-    assert key({"x": 1, "y": 2}) == key({"y": 2, "x": 1})
-    assert key({3, 1, 2}) == key(frozenset([2, 3, 1]))
-    assert key(np.int64(3)) == key(3) and key(np.float32(0.5)) == key(0.5)
-    assert key(np.arange(6).reshape(2, 3)) != key(np.arange(6).reshape(3, 2))
-    assert key(np.arange(4, dtype=">i4")) == key(np.arange(4, dtype="<i4"))
-    assert key(np.arange(6).reshape(2, 3).T) == key(np.ascontiguousarray(np.arange(6).reshape(2, 3).T))
-    assert 0 <= key("x") < 2**64
-    with pytest.raises(TypeError, match="cannot encode an object of type object"):
-        key(object())
-
 
 def test_dense_ids_are_int32_order_independent_and_minus_one_at_padding():
     ids = anchors.dense_anchor_ids(np.array([[9, 2**63], [9, 5]], np.uint64), np.ones((2, 2), bool))

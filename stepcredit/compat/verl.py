@@ -36,6 +36,7 @@ import numpy as np
 from stepcredit.advantages import gae, group, normalize
 from stepcredit.advantages.empg import empg
 from stepcredit.advantages.istar import istar
+from stepcredit.keys import dense_ids, stable_keys
 
 
 # ---------------------------------------------------------------- array plumbing
@@ -73,29 +74,21 @@ def _host(x: Any) -> np.ndarray:
     return np.asarray(x)
 
 
-def _hashable(x: Any):
-    if isinstance(x, np.ndarray):
-        return ("ndarray", x.dtype.str, x.shape, x.tobytes())
-    if isinstance(x, np.generic):
-        return x.item()
-    if isinstance(x, (list, tuple)):
-        return tuple(_hashable(v) for v in x)
-    if isinstance(x, dict):
-        return tuple(sorted((k, _hashable(v)) for k, v in x.items()))
-    return x
-
-
 def _dense(uids: Any, name: str, size: int) -> np.ndarray:
-    """Dense int32 ids of arbitrary hashable uids (equal uids, equal ids)."""
-    import pandas as pd
+    """Dense int32 ids of `size` uids in order of first appearance (equal uids, equal ids).
 
+    Object arrays (strings, arrays, lists or dicts of these) are compared by
+    `stepcredit.keys.stable_key`, so 1 and 1.0 are different uids.
+    """
     values = _host(uids).reshape(-1)
     if values.shape[0] != size:
         raise ValueError(f"{name} has {values.shape[0]} entries but the batch has {size} rows")
     if values.dtype == object:
-        values = np.asarray([_hashable(v) for v in values] + [None], dtype=object)[:-1]
-    codes, _ = pd.factorize(values)
-    return codes.astype(np.int32)
+        try:
+            values = stable_keys(values)
+        except TypeError as error:
+            raise TypeError(f"{name}: {error}") from None
+    return dense_ids(values, order="first")[0]
 
 
 def _rows(token_level_rewards, response_mask, name: str):
