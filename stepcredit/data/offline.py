@@ -48,7 +48,12 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from stepcredit.data import io, schema
+from stepcredit.data import schema
+from stepcredit.data.checks import RecordError
+from stepcredit.data.read import BATCH_ROWS, is_jsonl, read_arrow, read_jsonl, source_rows
+from stepcredit.data.stream import LogBatch, iter_batches
+from stepcredit.data.write import RowWriter, atomic_path, output_format
+from stepcredit.keys import dense_ids
 
 ADVANTAGE, RETURN = "advantage", "return"
 TOKEN_ADVANTAGES, TOKEN_RETURNS = "token_advantages", "token_returns"
@@ -143,8 +148,7 @@ def _bucket(n: int) -> int:
 
 
 def _dense(strings: np.ndarray) -> tuple[np.ndarray, int]:
-    _, inverse = np.unique(strings.astype(str), return_inverse=True)
-    return inverse.reshape(-1).astype(np.int32), int(inverse.max(initial=-1)) + 1
+    return dense_ids(strings.astype(str), order="sorted")
 
 
 class _Views(NamedTuple):
@@ -154,7 +158,7 @@ class _Views(NamedTuple):
     token_start: np.ndarray  # offset of each row's first token in its trajectory's token view
 
 
-def _views(batch: io.StepRows) -> _Views:
+def _views(batch: LogBatch) -> _Views:
     table = batch.table
     starts = batch.trajectory_starts
     row_traj = np.repeat(np.arange(len(starts) - 1), np.diff(starts))
@@ -177,10 +181,10 @@ def _column(table: pa.Table, name: str) -> tuple[np.ndarray, np.ndarray]:
 
 def _require(valid: np.ndarray, start: int, field: str, why: str) -> None:
     if not valid.all():
-        raise io.RecordError(start + int(np.flatnonzero(~valid)[0]), field, f"is null; {why}")
+        raise RecordError(start + int(np.flatnonzero(~valid)[0]), field, f"is null; {why}")
 
 
-def _inputs(plan: _Plan, batch: io.StepRows, views: _Views) -> tuple[dict, int]:
+def _inputs(plan: _Plan, batch: LogBatch, views: _Views) -> tuple[dict, int]:
     """The estimator's array arguments, padded to [B', T'] / [B', N'] / [B']."""
     table, start = batch.table, batch.start
     num = len(batch.trajectory_starts) - 1
@@ -327,7 +331,7 @@ def _compiled(plan: _Plan):
     return jax.jit(plan.entry.fn, static_argnames=static)
 
 
-def _run_batch(plan: _Plan, jitted, batch: io.StepRows) -> tuple[np.ndarray, np.ndarray | None, _Views]:
+def _run_batch(plan: _Plan, jitted, batch: LogBatch) -> tuple[np.ndarray, np.ndarray | None, _Views]:
     """Per-row (or per-token, in row order) advantages and returns of one batch."""
     views = _views(batch)
     arrays, b_pad = _inputs(plan, batch, views)
@@ -349,7 +353,7 @@ def _run_batch(plan: _Plan, jitted, batch: io.StepRows) -> tuple[np.ndarray, np.
 
 
 def compute_credit(source, output: str, estimator: str, *, overrides: Mapping[str, Any] | None = None,
-                   whiten: str | None = None, batch_rows: int = io.BATCH_ROWS,
+                   whiten: str | None = None, batch_rows: int = BATCH_ROWS,
                    progress: bool = True) -> CreditSummary:
     """Computes `estimator`'s advantages over a log of step rows and writes them beside its rows.
 
@@ -372,7 +376,7 @@ def compute_credit(source, output: str, estimator: str, *, overrides: Mapping[st
       `CreditSummary(rows, trajectories, estimator, whiten, columns, output)`.
 
     Raises:
-      io.RecordError: a bad record (naming its row and field), including a
+      RecordError: a bad record (naming its row and field), including a
         missing `value` for critic estimators and a missing entropy for EMPG.
       ValueError: an unknown estimator or hyperparameter, an output path equal
         to the input, a column name already in the input.
@@ -381,19 +385,19 @@ def compute_credit(source, output: str, estimator: str, *, overrides: Mapping[st
     from tqdm.auto import tqdm
 
     plan = _plan(estimator, dict(overrides or {}), whiten)
-    fmt = io.output_format(output)
+    fmt = output_format(output)
     if not isinstance(source, datasets.Dataset) and os.path.exists(output) and \
             os.path.samefile(os.fspath(source), output):
         raise ValueError(f"--output {output} is the input; the input is never modified")
     by = "group" if plan.entry.needs_groups else "trajectory"
-    total = io.source_rows(source)
+    total = source_rows(source)
     jitted = _compiled(plan)
     moments = _Moments()
     rows = trajectories = 0
     with tempfile.TemporaryFile() as advantage_file, tempfile.TemporaryFile() as return_file:
         has_returns = False
         bar = tqdm(total=total, unit="rows", desc=f"credit {estimator}", delay=1.0, disable=not progress)
-        for batch in io.iter_batches(source, by=by, batch_rows=batch_rows):
+        for batch in iter_batches(source, by=by, batch_rows=batch_rows):
             advantages, returns, views = _run_batch(plan, jitted, batch)
             if plan.whiten != "none":
                 weight = np.ones(len(advantages)) if plan.token_output or plan.whiten == "steps" \
@@ -411,8 +415,8 @@ def compute_credit(source, output: str, estimator: str, *, overrides: Mapping[st
         return_file.seek(0)
         names = (TOKEN_ADVANTAGES, TOKEN_RETURNS) if plan.token_output else (ADVANTAGE, RETURN)
         columns = names if has_returns else names[:1]
-        with io.atomic_path(output) as temporary:
-            writer = io.RowWriter(temporary, fmt)
+        with atomic_path(output) as temporary:
+            writer = RowWriter(temporary, fmt)
             try:
                 bar = tqdm(total=rows, unit="rows", desc="write", delay=1.0, disable=not progress)
                 for raw, lengths in _raw_batches(source, batch_rows):
@@ -432,15 +436,15 @@ def compute_credit(source, output: str, estimator: str, *, overrides: Mapping[st
 
 def _raw_batches(source, batch_rows: int):
     """The source's rows as read (dicts for JSONL, tables otherwise) with their response lengths."""
-    if io._is_jsonl(source):
-        for records in io._read_jsonl(os.fspath(source), batch_rows):
+    if is_jsonl(source):
+        for records in read_jsonl(os.fspath(source), batch_rows):
             yield records, np.asarray([len(r["response_ids"]) for r in records], np.int64)
         return
-    for table in io._read_arrow(source, batch_rows):
+    for table in read_arrow(source, batch_rows):
         yield table, pc.list_value_length(table.column("response_ids")).to_numpy().astype(np.int64)
 
 
-def _write(writer: io.RowWriter, fmt: str, raw, new: dict[str, np.ndarray], lengths) -> None:
+def _write(writer: RowWriter, fmt: str, raw, new: dict[str, np.ndarray], lengths) -> None:
     existing = raw[0].keys() if isinstance(raw, list) else raw.column_names
     clash = [name for name in new if name in existing]
     if clash:

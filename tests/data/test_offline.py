@@ -14,7 +14,8 @@ import stepcredit
 from stepcredit.advantages import group, masked_whiten
 from stepcredit.advantages.gigpo import gigpo
 from stepcredit.batch import collate
-from stepcredit.data import io, offline, save_trajectories
+from stepcredit.data import RecordError, offline, save_trajectories
+from stepcredit.data.write import RowWriter
 from stepcredit.data.offline import compute_credit
 from stepcredit import credit_cli
 from tests.data.test_io import random_trajectories
@@ -159,8 +160,8 @@ def test_failure_mid_write_keeps_previous_output(log, tmp_path, monkeypatch):
             raise OSError("disk full (injected)")
         original(self, table)
 
-    original = io.RowWriter.write_table
-    monkeypatch.setattr(io.RowWriter, "write_table", failing)
+    original = RowWriter.write_table
+    monkeypatch.setattr(RowWriter, "write_table", failing)
     with pytest.raises(OSError, match="injected"):
         compute_credit(path, output, "rloo", batch_rows=3, progress=False)
     assert len(calls) == 2
@@ -193,5 +194,5 @@ def test_cli_and_errors(log, tmp_path, capsys):
             row = json.loads(line)
             row["value"] = None
             target.write(json.dumps(row) + "\n")
-    with pytest.raises(io.RecordError, match="row 0, field 'value'"):
+    with pytest.raises(RecordError, match="row 0, field 'value'"):
         compute_credit(no_values, output, "step_gae", progress=False)
