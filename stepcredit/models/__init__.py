@@ -14,8 +14,8 @@ from stepcredit.models.tokenizer import (
 )
 from stepcredit.models.transformer import (
     KVCache,
+    PackedRows,
     RowScores,
-    StepRows,
     TransformerConfig,
     TransformerPolicy,
     count_params,
@@ -32,9 +32,9 @@ from stepcredit.models.transformer import (
 __all__ = [
     "Generation",
     "KVCache",
+    "PackedRows",
     "RowScores",
     "SpecialIds",
-    "StepRows",
     "Tokenizer",
     "TransformerConfig",
     "TransformerPolicy",

@@ -505,8 +505,8 @@ def score_actions(graphdef: nnx.GraphDef, state: nnx.State, tokens: jax.Array, m
                      zeros.at[rows, columns].add(values))
 
 
-class StepRows(NamedTuple):
-    """A padded batch of step rows (host NumPy arrays).
+class PackedRows(NamedTuple):
+    """Token rows packed to one width by `pack_rows` (host NumPy arrays).
 
     Attributes:
       tokens: `[B, L]` int32 ids: each row's prompt then its action tokens.
@@ -520,7 +520,7 @@ class StepRows(NamedTuple):
 
 
 def pack_rows(prompts: Sequence[Sequence[int]], actions: Sequence[Sequence[int]] | None = None,
-              *, length: int, pad_id: int, side: str = "right") -> StepRows:
+              *, length: int, pad_id: int, side: str = "right") -> PackedRows:
     """Pads step rows (prompt ids followed by action ids) into fixed-size arrays.
 
     Args:
@@ -533,7 +533,7 @@ def pack_rows(prompts: Sequence[Sequence[int]], actions: Sequence[Sequence[int]]
         L - 1, what `generate` expects of prompts).
 
     Returns:
-      `StepRows` of `[B, L]` arrays.
+      `PackedRows` of `[B, L]` arrays.
     """
     if side not in ("left", "right"):
         raise ValueError(f"pack_rows: side must be 'left' or 'right', got {side!r}")
@@ -555,4 +555,4 @@ def pack_rows(prompts: Sequence[Sequence[int]], actions: Sequence[Sequence[int]]
             [np.asarray(prompt, np.int32).reshape(-1), np.asarray(action, np.int32).reshape(-1)])
         mask[i, start:start + n] = True
         action_mask[i, start + len(prompt):start + n] = True
-    return StepRows(tokens, mask, action_mask)
+    return PackedRows(tokens, mask, action_mask)
