@@ -32,9 +32,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from stepcredit.data import offline
+    from stepcredit.settings import parse_settings
 
     summary = offline.compute_credit(
-        args.input, args.output, args.estimator, overrides=offline.parse_overrides(args.set),
+        args.input, args.output, args.estimator, overrides=parse_settings(args.set),
         whiten=args.whiten, batch_rows=args.batch_rows, progress=not args.no_progress)
     print(f"{summary.estimator}: {summary.rows} steps in {summary.trajectories} trajectories, "
           f"whiten={summary.whiten}")

@@ -11,22 +11,27 @@ new columns:
   token_advantages   [float32]  per response token, for token-level estimators
   token_returns      [float32]  per response token, where defined
 
-What each estimator reads, by the names of its arguments:
+Each estimator reads what its registry entry names (`Estimator.fields`), built
+from the rows as these `CreditInputs` fields:
 
-  step level      rewards / step_rewards = `reward`, values = `value`,
-                  bootstrap_value = `bootstrap_value` of a truncated last step
-                  (0 after a terminated one), entropy = `entropy` (or the mean of
-                  `response_entropies`), anchors = `anchor` mapped to dense ids per
-                  batch (equal strings, equal ids; a null anchor is its own state)
-  token level     a trajectory's response tokens in step order; rewards /
-                  token_rewards: the step reward on the step's last token;
-                  values = `response_values`
-  trajectory      scores / episode_scores / outcome_scores = `score`, or the sum
-                  of the trajectory's rewards where it is null; group_ids =
-                  `group_id` mapped to dense ids
+  mask, step_rewards   a trajectory's rows in `step_index` order, `reward`
+  step_values          `value` (required for every row)
+  bootstrap_value      `bootstrap_value` of a truncated last step (0 after a
+                       terminated one)
+  entropy              `entropy`, or the mean of `response_entropies`
+  anchors              `anchor` mapped to dense ids per batch (equal strings,
+                       equal ids; a null anchor is its own state)
+  scores               `score`, or the sum of the trajectory's rewards where null
+  group_ids            `group_id` mapped to dense ids
+  step_index           a trajectory's response tokens in step order, each
+                       labelled with its row's step (token-level estimators;
+                       a step's reward sits on its last response token)
+  token_values         `response_values`
 
-Whitening follows the entry's `whiten` default (clarification 5), or
-`whiten=`: "steps" over all rows, "tokens" over all response tokens (a row's
+Estimators reading an implicit PRM's log-probs are not available offline.
+
+Whitening is never inside an estimator; it follows the entry's `whiten`
+default, or `whiten=`: "steps" over all rows, "tokens" over all response tokens (a row's
 scalar advantage counts once per token), (x - mean) / sqrt(var + 1e-8) with
 the unbiased variance, as `masked_whiten`. Its statistics run over the whole
 input (two passes), so they do not depend on `batch_rows`. Estimators whose
@@ -37,9 +42,6 @@ result for any batch size.
 
 from __future__ import annotations
 
-import ast
-import inspect
-import json
 import os
 import tempfile
 from typing import Any, Mapping, NamedTuple
@@ -48,6 +50,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from stepcredit.advantages.inputs import CreditInputs
 from stepcredit.data import schema
 from stepcredit.data.checks import RecordError
 from stepcredit.data.read import BATCH_ROWS, is_jsonl, read_arrow, read_jsonl, source_rows
@@ -59,9 +62,10 @@ ADVANTAGE, RETURN = "advantage", "return"
 TOKEN_ADVANTAGES, TOKEN_RETURNS = "token_advantages", "token_returns"
 WHITEN_EPS = 1e-8
 
-_STEP_INPUTS = {"rewards", "step_rewards", "values", "mask", "bootstrap_value", "entropy", "anchors"}
-_TOKEN_INPUTS = {"rewards", "token_rewards", "values", "mask", "action_mask", "bootstrap_value"}
-_TRAJECTORY_INPUTS = {"scores", "episode_scores", "outcome_scores", "group_ids"}
+# The CreditInputs fields that step rows hold.
+_OFFLINE_FIELDS = frozenset({"mask", "step_rewards", "step_values", "bootstrap_value", "entropy",
+                             "anchors", "group_ids", "scores", "step_index", "token_values"})
+_TOKEN_FIELDS = frozenset({"step_index", "token_values"})
 
 
 class CreditSummary(NamedTuple):
@@ -75,31 +79,9 @@ class CreditSummary(NamedTuple):
     output: str
 
 
-def parse_overrides(pairs) -> dict[str, Any]:
-    """`["gamma=0.9", "std=none", "center=false"]` -> {"gamma": 0.9, "std": "none", "center": False}.
-
-    Values are read as JSON, then as Python literals, else kept as strings.
-    """
-    out = {}
-    for pair in pairs or ():
-        key, sep, text = pair.partition("=")
-        if not sep or not key.strip():
-            raise ValueError(f"--set {pair!r}: expected key=value")
-        try:
-            value = json.loads(text)
-        except json.JSONDecodeError:
-            try:
-                value = ast.literal_eval(text)
-            except (ValueError, SyntaxError):
-                value = text
-        out[key.strip()] = value
-    return out
-
-
 class _Plan(NamedTuple):
     entry: Any
-    arrays: tuple[str, ...]
-    hyper: dict
+    config: dict
     whiten: str
     token_output: bool
 
@@ -108,39 +90,19 @@ def _plan(name: str, overrides: Mapping[str, Any], whiten: str | None) -> _Plan:
     from stepcredit.advantages import registry
 
     entry = registry.get(name)
-    if entry.needs_prm:
-        raise ValueError(f"estimator {name!r} needs an implicit PRM's log-probs, which step rows do "
-                         f"not hold; compute its step rewards in the trainer")
-    level = entry.input_level
-    known = _TOKEN_INPUTS if level == "token" else _STEP_INPUTS
-    known = known | _TRAJECTORY_INPUTS
-    arrays, keywords = [], set()
-    for parameter in inspect.signature(entry.fn).parameters.values():
-        if parameter.name in known:
-            arrays.append(parameter.name)
-        elif parameter.default is inspect.Parameter.empty and parameter.name not in entry.defaults \
-                and parameter.name not in overrides:
-            raise ValueError(f"estimator {name!r} takes {parameter.name!r}, which offline credit "
-                             f"cannot build from step rows"
-                             + ("; use a combination such as 'grpo+empg'" if name == "empg" else ""))
-        else:
-            keywords.add(parameter.name)
-        if parameter.name in entry.defaults:
-            keywords.add(parameter.name)
-    unknown = sorted(set(overrides) - keywords)
-    if unknown:
-        raise ValueError(f"estimator {name!r} has no hyperparameter {unknown[0]!r}; it takes "
-                         f"{', '.join(sorted(keywords - {'axis_name', 'num_groups'}))}")
-    hyper = {**entry.defaults, **overrides}
+    unavailable = sorted(entry.fields - _OFFLINE_FIELDS)
+    if unavailable:
+        raise ValueError(f"estimator {name!r} reads {', '.join(unavailable)}, which step rows do "
+                         "not hold" + ("; an implicit PRM's log-probs exist only in the trainer"
+                                       if entry.needs_prm else ""))
+    config = entry.resolve(overrides)
     whiten = entry.whiten if whiten in (None, "default") else whiten
     if whiten not in ("none", "steps", "tokens"):
         raise ValueError(f"whiten={whiten!r}; it must be 'none', 'steps', 'tokens' or 'default'")
     token_output = entry.output_level == "token"
     if token_output and whiten == "steps":
         raise ValueError(f"estimator {name!r} gives token advantages; whiten them over 'tokens'")
-    if "num_groups" in keywords and "num_groups" not in overrides and "group_ids" in arrays:
-        hyper["num_groups"] = None  # set per batch to the padded batch size
-    return _Plan(entry, tuple(arrays), hyper, whiten, token_output)
+    return _Plan(entry, config, whiten, token_output)
 
 
 def _bucket(n: int) -> int:
@@ -184,34 +146,35 @@ def _require(valid: np.ndarray, start: int, field: str, why: str) -> None:
         raise RecordError(start + int(np.flatnonzero(~valid)[0]), field, f"is null; {why}")
 
 
-def _inputs(plan: _Plan, batch: LogBatch, views: _Views) -> tuple[dict, int]:
-    """The estimator's array arguments, padded to [B', T'] / [B', N'] / [B']."""
+def _inputs(plan: _Plan, batch: LogBatch, views: _Views) -> tuple[CreditInputs, int]:
+    """The fields the estimator reads, padded to [B', T'] / [B', N'] / [B']."""
     table, start = batch.table, batch.start
     num = len(batch.trajectory_starts) - 1
     b_pad = _bucket(num)
     t_pad = _bucket(int(views.row_step.max()) + 1)
     totals = np.bincount(views.row_traj, weights=views.lengths, minlength=num).astype(np.int64)
-    n_pad = _bucket(int(totals.max())) if plan.entry.input_level == "token" or plan.token_output else 0
+    fields = plan.entry.fields
+    n_pad = _bucket(int(totals.max())) if fields & _TOKEN_FIELDS or plan.token_output else 0
     name = plan.entry.name
     rows = (views.row_traj, views.row_step)
     reward = table.column("reward").to_numpy().astype(np.float32)
     last = views.row_step == (np.diff(batch.trajectory_starts) - 1)[views.row_traj]
     truncated = table.column("truncated").to_numpy(zero_copy_only=False)
     out: dict[str, np.ndarray] = {}
-    for arg in plan.arrays:
-        if arg in ("scores", "episode_scores", "outcome_scores"):
+    for field in fields:
+        if field == "scores":
             score, has = _column(table, "score")
             sums = np.bincount(views.row_traj, weights=reward.astype(np.float64), minlength=num)
             given = np.zeros(num, bool)
             given[views.row_traj] = has
             value = np.zeros(num, np.float64)
             value[views.row_traj[has]] = score[has]
-            out[arg] = _pad1(np.where(given, value, sums), b_pad)
-        elif arg == "group_ids":
+            out[field] = _pad1(np.where(given, value, sums), b_pad)
+        elif field == "group_ids":
             ids, count = _dense(table.column("group_id").to_numpy(zero_copy_only=False)[
                 batch.trajectory_starts[:-1]])
-            out[arg] = np.concatenate([ids, count + np.arange(b_pad - num)]).astype(np.int32)
-        elif arg == "bootstrap_value":
+            out[field] = np.concatenate([ids, count + np.arange(b_pad - num)]).astype(np.int32)
+        elif field == "bootstrap_value":
             value, has = _column(table, "bootstrap_value")
             needs = last & truncated
             if plan.entry.needs_critic:
@@ -219,12 +182,12 @@ def _inputs(plan: _Plan, batch: LogBatch, views: _Views) -> tuple[dict, int]:
                          f"{name} bootstraps a truncated trajectory from V(s_next)")
             boot = np.zeros(b_pad, np.float32)
             boot[views.row_traj[needs & has]] = value[needs & has]
-            out[arg] = boot
-        elif plan.entry.input_level == "token" and arg in _TOKEN_INPUTS:
-            out[arg] = _token_input(arg, table, views, reward, b_pad, n_pad, start, name)
+            out[field] = boot
+        elif field in _TOKEN_FIELDS:
+            out[field] = _token_input(field, table, views, b_pad, n_pad, start, name)
         else:
-            out[arg] = _step_input(arg, table, rows, reward, b_pad, t_pad, start, name)
-    return out, b_pad
+            out[field] = _step_input(field, table, rows, reward, b_pad, t_pad, start, name)
+    return CreditInputs(**out), b_pad
 
 
 def _pad1(x: np.ndarray, size: int) -> np.ndarray:
@@ -233,12 +196,12 @@ def _pad1(x: np.ndarray, size: int) -> np.ndarray:
     return out
 
 
-def _step_input(arg, table, rows, reward, b_pad, t_pad, start, name) -> np.ndarray:
-    if arg == "mask":
+def _step_input(field, table, rows, reward, b_pad, t_pad, start, name) -> np.ndarray:
+    if field == "mask":
         out = np.zeros((b_pad, t_pad), bool)
         out[rows] = True
         return out
-    if arg == "anchors":
+    if field == "anchors":
         anchors, has = _column(table, "anchor")
         ids, count = _dense(anchors[has])
         dense = np.empty(len(anchors), np.int32)
@@ -247,12 +210,12 @@ def _step_input(arg, table, rows, reward, b_pad, t_pad, start, name) -> np.ndarr
         out = np.full((b_pad, t_pad), -1, np.int32)
         out[rows] = dense
         return out
-    if arg in ("rewards", "step_rewards"):
+    if field == "step_rewards":
         values = reward
-    elif arg == "values":
+    elif field == "step_values":
         values, has = _column(table, "value")
         _require(has, start, "value", f"{name} needs the critic value of every step")
-    elif arg == "entropy":
+    elif field == "entropy":
         values, has = _column(table, "entropy")
         values = values.astype(np.float64)
         if not has.all():
@@ -284,18 +247,15 @@ def _token_positions(views: _Views) -> tuple[np.ndarray, np.ndarray]:
     return traj, first + within
 
 
-def _token_input(arg, table, views, reward, b_pad, n_pad, start, name) -> np.ndarray:
-    if arg in ("mask", "action_mask"):
-        out = np.zeros((b_pad, n_pad), bool)
-        out[_token_positions(views)] = True
-        return out
-    out = np.zeros((b_pad, n_pad), np.float32)
-    if arg in ("rewards", "token_rewards"):
-        out[views.row_traj, views.token_start + views.lengths - 1] = reward
+def _token_input(field, table, views, b_pad, n_pad, start, name) -> np.ndarray:
+    if field == "step_index":
+        out = np.full((b_pad, n_pad), -1, np.int32)
+        out[_token_positions(views)] = np.repeat(views.row_step, views.lengths)
         return out
     column = table.column("response_values")
     _require(column.is_valid().to_numpy(zero_copy_only=False), start, "response_values",
              f"{name} needs the critic value before every response token")
+    out = np.zeros((b_pad, n_pad), np.float32)
     out[_token_positions(views)] = pc.list_flatten(column).to_numpy(zero_copy_only=False)
     return out
 
@@ -325,26 +285,28 @@ class _Moments:
 
 
 def _compiled(plan: _Plan):
+    """The estimator through its registry binding, compiled once per padded shape."""
     import jax
 
-    static = tuple(plan.hyper)
-    return jax.jit(plan.entry.fn, static_argnames=static)
+    from stepcredit.advantages import registry
+
+    def run(inputs: CreditInputs, num_groups):
+        config = plan.config if num_groups is None else {**plan.config, "num_groups": num_groups}
+        out = registry.apply(plan.entry, inputs, config)
+        return out.advantages, out.returns
+
+    return jax.jit(run, static_argnames=("num_groups",))
 
 
 def _run_batch(plan: _Plan, jitted, batch: LogBatch) -> tuple[np.ndarray, np.ndarray | None, _Views]:
     """Per-row (or per-token, in row order) advantages and returns of one batch."""
     views = _views(batch)
-    arrays, b_pad = _inputs(plan, batch, views)
-    hyper = dict(plan.hyper)
-    if "num_groups" in hyper and hyper["num_groups"] is None:
-        hyper["num_groups"] = b_pad
-    result = jitted(**arrays, **hyper)
-    advantages, returns = (result.advantages, result.returns) if hasattr(result, "returns") else (
-        result, None)
-    level = plan.entry.output_level
+    inputs, b_pad = _inputs(plan, batch, views)
+    per_batch_groups = "num_groups" in plan.config and plan.config["num_groups"] is None
+    advantages, returns = jitted(inputs, b_pad if per_batch_groups else None)
     if plan.token_output:
         where = _token_positions(views)
-    elif np.ndim(advantages) == 1 or level == "trajectory":
+    elif plan.entry.output_level == "trajectory":
         where = (views.row_traj,)
     else:
         where = (views.row_traj, views.row_step)

@@ -39,6 +39,12 @@ TINY = ["--env", "alfworld", "--iterations", "2", "--tasks-per-iteration", "2", 
         "--warm-start-tasks", "16"]
 
 
+def measures_time(key: str) -> bool:
+    """Metrics of wall time (durations, rates), which no two runs share."""
+    metric = key.split("/metric/", 1)[-1]
+    return metric.startswith(("time/", "async/")) or metric.endswith("_per_second")
+
+
 def estimator_outputs() -> dict[str, np.ndarray]:
     from stepcredit import advantages as adv
     from stepcredit.credit import compute_advantages
@@ -93,12 +99,12 @@ def training_outputs(workdir: str) -> dict[str, np.ndarray]:
         assert main(["train", *TINY, *flags, "--logdir", logdir]) == 0
         for row in read_metrics(logdir):
             for key, value in row.items():
-                if not key.startswith(("time/", "async/")) and key != "iteration":
+                if not measures_time(f"/metric/{key}") and key != "iteration":
                     out.setdefault(f"train/{label}/metric/{key}", []).append(value)
         with open(os.path.join(logdir, "config.json"), encoding="utf-8") as f:
             trainer = Trainer(TrainConfig.from_json(f.read()), log=lambda _: None)
         trainer.restore()
-        leaves = jax.tree_util.tree_leaves_with_path(trainer.state["policy"])
+        leaves = jax.tree_util.tree_leaves_with_path(trainer.state.policy)
         for path, leaf in leaves:
             out[f"train/{label}/policy/{jax.tree_util.keystr(path)}"] = np.asarray(leaf)
     return {k: np.asarray(v) for k, v in out.items()}
