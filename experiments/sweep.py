@@ -25,7 +25,8 @@ import time
 
 from stepcredit.train.config import TrainConfig
 from stepcredit.train.metrics import read_metrics
-from stepcredit.train.trainer import Trainer, with_fitted_prompt_budget
+from stepcredit.train.build import with_fitted_prompt_budget
+from stepcredit.train.trainer import Trainer
 
 FIELDS = ("env", "estimator", "seed", "iterations", "minutes", "eval_success", "eval_score",
           "train_success_last", "credit_fraction")

@@ -14,7 +14,7 @@ from stepcredit.models.transformer import TransformerConfig, TransformerPolicy, 
 from stepcredit.rollout import (ActionParseError, RolloutConfig, action_ids, choice_markers,
                                 collect, parse_choice, parse_react, parse_tags, parse_text,
                                 render_action)
-from stepcredit.train.trainer import build_tokenizer
+from stepcredit.train.build import build_tokenizer
 
 ADMISSIBLE = ("go to desk 1", "look", "inventory")
 

@@ -50,13 +50,15 @@ class TrainConfig:
         term) learns and the first policy updates see a trained baseline
         (verl's `trainer.critic_warmup`); estimators with a critic only. The
         critic shares the policy's trunk, so the policy still moves a little.
-      prm_learning_rate, prm_beta, prm_rewards_from: iStar's implicit PRM:
-        its learning rate, beta (0.05, the authors' scripts) and whether the
-        step rewards come from the PRM after this iteration's update (the
-        paper) or before it ("pre_update_prm", the authors' code).
+      prm_learning_rate, prm_rewards_from: iStar's implicit PRM: its learning
+        rate and whether the step rewards come from the PRM after this
+        iteration's update (the paper) or before it ("pre_update_prm", the
+        authors' code). Its beta is the estimator's hyperparameter `beta`
+        (0.05, the authors' scripts), which scales both the preference loss
+        and the implicit rewards.
       dynamic_sampling: drop groups whose scores are all equal and refill the
-        batch with new tasks (DAPO, arXiv 2503.14476); None turns it on for
-        the dapo estimators.
+        batch with new tasks (DAPO, arXiv 2503.14476); None follows the
+        estimator's recipe (on for "dapo+empg").
       warm_start_steps: supervised minibatch steps on expert demonstrations
         before RL (the cold-start remedy), in passes over the demonstrations
         with rows grouped by length; warm_start_tasks: training tasks demonstrated.
@@ -76,9 +78,10 @@ class TrainConfig:
       num_devices: devices of the data-parallel update (0: all local devices);
         `minibatch_rows` must be a multiple of it.
 
-    The estimator "empg" (EMPG on its own) takes GRPO's episode advantages as
-    its base advantages; "grpo+empg" and "dapo+empg" name the same idea with
-    their base explicit.
+    `stepcredit.train.build.resolve` writes out every value derived from
+    these (the estimator's full hyperparameters, the loss's critic weight,
+    clip-higher, temperature and choice constraint, dynamic sampling); the
+    trainer runs and saves the resolved configuration.
     """
 
     env: str = "alfworld"
@@ -109,7 +112,6 @@ class TrainConfig:
     target_kl: float | None = None
     critic_warmup_iterations: int = 0
     prm_learning_rate: float = 1e-4
-    prm_beta: float = 0.05
     prm_rewards_from: str = "post_update_prm"
     dynamic_sampling: bool | None = None
     warm_start_steps: int = 0

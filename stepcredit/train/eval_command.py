@@ -29,7 +29,7 @@ def run(args: argparse.Namespace) -> int:
         config = TrainConfig.from_json(f.read())
     trainer = Trainer(config)
     iteration = trainer.restore()
-    results = evaluate(trainer.graphdef, trainer.state["policy"], trainer.tokenizer, config,
+    results = evaluate(trainer.graphdef, trainer.state.policy, trainer.tokenizer, config,
                        num_tasks=args.tasks, temperature=args.temperature, split=args.split)
     print(f"{config.env} ({config.estimator}, iteration {iteration}), {args.tasks} test tasks, "
           f"temperature {args.temperature}:")

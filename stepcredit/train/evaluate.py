@@ -8,6 +8,7 @@ import jax
 
 from stepcredit.envs.pool import EnvPool
 from stepcredit.rollout import collect
+from stepcredit.train.build import make_env
 from stepcredit.train.config import TrainConfig
 
 
@@ -26,8 +27,6 @@ def evaluate(graphdef, state, tokenizer, config: TrainConfig, *, num_tasks: int,
       invalid-action rate, plus `success/<task_type>` where the environment
       reports task types (ALFWorld).
     """
-    from stepcredit.train.trainer import make_env
-
     probe = make_env(config, "train")
     split = split or test_split(probe)
     probe.close()

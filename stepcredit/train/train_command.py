@@ -3,27 +3,19 @@
 from __future__ import annotations
 
 import argparse
-import ast
-import dataclasses
 import functools
 
+from stepcredit.settings import parse_setting
 from stepcredit.train.curriculum import LEARNING_RATE_SCHEDULES
 
 HELP = "train a policy on an environment with a registered credit-assignment estimator"
 
 
-def _value(text: str):
-    try:
-        return ast.literal_eval(text)
-    except (ValueError, SyntaxError):
-        return text
-
-
 def _pair(text: str) -> tuple[str, object]:
-    key, sep, value = text.partition("=")
-    if not sep or not key:
-        raise argparse.ArgumentTypeError(f"--set expects key=value, got {text!r}")
-    return key, _value(value)
+    try:
+        return parse_setting(text)
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
 
 
 def _ints(text: str) -> tuple[int, ...]:
@@ -35,7 +27,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--difficulty", type=int, default=0, help="simulator difficulty (0 easiest)")
     parser.add_argument("--estimator", default="grpo", help="registered estimator name")
     parser.add_argument("--set", dest="estimator_config", type=_pair, action="append", default=[],
-                        metavar="KEY=VALUE", help="estimator hyperparameter (repeatable)")
+                        metavar="KEY=VALUE",
+                        help="estimator hyperparameter, the value as a JSON literal (true, 0.9, "
+                             "null) or a bare string (repeatable)")
     parser.add_argument("--iterations", type=int, default=100)
     parser.add_argument("--tasks-per-iteration", type=int, default=8)
     parser.add_argument("--group-size", type=int, default=8)
@@ -81,7 +75,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="residual width (default 256: about 1.9M parameters)")
     parser.add_argument("--num-layers", type=int, default=2)
     parser.add_argument("--clip-high", type=float, default=None,
-                        help="PPO upper clip (DAPO's clip-higher: 0.28)")
+                        help="PPO upper clip (default: the estimator's recipe, 0.28 for "
+                             "dapo+empg (DAPO's clip-higher), else 0.2)")
     parser.add_argument("--step-level-ratio", action="store_true",
                         help="StepPO's length-normalised step importance ratio (GSPO)")
     parser.add_argument("--kl-coef", type=float, default=0.0)
@@ -118,11 +113,7 @@ def config_from_args(args: argparse.Namespace):
     from stepcredit.train.update import LossConfig
 
     loss = LossConfig(kl_coef=args.kl_coef, entropy_coef=args.entropy_coef,
-                      step_level_ratio=args.step_level_ratio)
-    if args.clip_high is not None:
-        loss = dataclasses.replace(loss, clip_high=args.clip_high)
-    elif args.estimator.startswith("dapo"):
-        loss = dataclasses.replace(loss, clip_high=0.28)  # DAPO's clip-higher, arXiv 2503.14476
+                      step_level_ratio=args.step_level_ratio, clip_high=args.clip_high)
     return TrainConfig(
         env=args.env, difficulty=args.difficulty, estimator=args.estimator,
         estimator_config=tuple(args.estimator_config), iterations=args.iterations,
@@ -152,7 +143,9 @@ def config_from_args(args: argparse.Namespace):
 
 
 def run(args: argparse.Namespace) -> int:
-    from stepcredit.train.trainer import Trainer, with_fitted_prompt_budget
+    from stepcredit import advantages
+    from stepcredit.train.build import with_fitted_prompt_budget
+    from stepcredit.train.trainer import Trainer
 
     if args.num_processes > 1:
         from stepcredit.train.devices import initialize_processes
@@ -162,6 +155,7 @@ def run(args: argparse.Namespace) -> int:
                              "(process 0's address)")
         initialize_processes(args.coordinator, args.num_processes, args.process_id)
     config = config_from_args(args)
+    advantages.get(config.estimator).resolve(dict(config.estimator_config))  # before any work
     if args.max_prompt_tokens is None:
         config = with_fitted_prompt_budget(config)
         if args.process_id == 0:

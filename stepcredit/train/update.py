@@ -26,7 +26,9 @@ class LossConfig:
     """What the learner optimises (hashable: it is a static argument of the jitted step).
 
     Attributes:
-      clip_low, clip_high: PPO clip range (DAPO's clip-higher: 0.2 / 0.28).
+      clip_low, clip_high: PPO clip range (DAPO's clip-higher: 0.2 / 0.28); clip_high
+        None is clip_low, unless the trainer's estimator recipe sets it
+        (`stepcredit.train.build.resolve`).
       agg: token aggregation of the policy loss (see `stepcredit.losses.agg_loss`).
       max_response_length: the constant of agg="seq-mean-token-sum-norm".
       step_level_ratio: StepPO's length-normalised step ratio (GSPO) instead of
@@ -47,7 +49,7 @@ class LossConfig:
     """
 
     clip_low: float = 0.2
-    clip_high: float = 0.2
+    clip_high: float | None = None
     agg: str = "token-mean"
     max_response_length: int | None = None
     step_level_ratio: bool = False
@@ -104,14 +106,15 @@ def _policy_loss(config: LossConfig, logp, batch: Minibatch):
         return losses.step_ppo_loss(logp, batch.old_logp, jnp.where(has_action, step_advantages, 0.0),
                                     step_index, has_action, clip_low=config.step_clip_low,
                                     clip_high=config.step_clip_high)
+    clip_high = config.clip_low if config.clip_high is None else config.clip_high
     if config.decoupled:
         return losses.decoupled_ppo_loss(logp, batch.old_logp, batch.behav_logp, batch.advantages,
                                          batch.action_mask, clip_low=config.clip_low,
-                                         clip_high=config.clip_high,
+                                         clip_high=clip_high,
                                          behav_weight_cap=config.behav_weight_cap, agg=config.agg,
                                          max_response_length=config.max_response_length)
     return losses.ppo_clip_loss(logp, batch.old_logp, batch.advantages, batch.action_mask,
-                                clip_low=config.clip_low, clip_high=config.clip_high,
+                                clip_low=config.clip_low, clip_high=clip_high,
                                 agg=config.agg, max_response_length=config.max_response_length)
 
 

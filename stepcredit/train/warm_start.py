@@ -11,14 +11,22 @@ budget (`fit_prompt_budget`).
 from __future__ import annotations
 
 import dataclasses
-from typing import Callable, Iterator
+import time
+from typing import TYPE_CHECKING, Callable, Iterator
 
+import jax
+import jax.numpy as jnp
 import numpy as np
 
 from stepcredit.models.tokenizer import Tokenizer
 from stepcredit.models.transformer import pack_rows
 from stepcredit.rollout import RolloutConfig, action_ids, history_action, step_prompt
-from stepcredit.train.rows import StepRowBatch
+from stepcredit.train import update
+from stepcredit.train.rows import StepRowBatch, length_groups
+from stepcredit.train.state import TrainState
+
+if TYPE_CHECKING:  # build imports this module's budget fitting; the type is for readers only
+    from stepcredit.train.build import Parts
 
 
 def _demonstrations(make_env: Callable, tokenizer: Tokenizer, config: RolloutConfig, *,
@@ -98,3 +106,45 @@ def fit_prompt_budget(make_env: Callable, tokenizer: Tokenizer, config: RolloutC
     longest = max(len(prompt) for prompt, _ in _demonstrations(
         make_env, tokenizer, unlimited, num_tasks=num_tasks, seed=seed))
     return -(-int(longest * headroom) // PROMPT_BUDGET_QUANTUM) * PROMPT_BUDGET_QUANTUM
+
+
+def supervised_warm_start(state: TrainState, parts: Parts,
+                          make_env: Callable) -> tuple[TrainState, dict[str, float]]:
+    """`warm_start_steps` supervised steps on expert demonstrations of training tasks.
+
+    The demonstrations are taken in passes, rows of similar length together.
+    Afterwards the RL optimizer starts fresh, and the KL reference and the
+    implicit PRM (where present) restart as copies of the warm-started policy.
+
+    Returns:
+      The new state and the first and last loss, the number of rows and the time.
+    """
+    config, tick = parts.config, time.perf_counter()
+    rows = demonstration_rows(make_env, parts.tokenizer, config.rollout,
+                              num_tasks=min(config.warm_start_tasks, parts.num_train_tasks),
+                              seed=config.seed,
+                              row_length=config.rollout.max_prompt_tokens
+                              + config.rollout.action_length,
+                              multiple=config.minibatch_rows)
+    rng = np.random.default_rng([config.seed, 11])
+    lengths, full = rows.mask.sum(1), rows.tokens.shape[1]
+    chunks, losses_seen = [], []
+    policy, opt = state.policy, state.opt
+    for _ in range(config.warm_start_steps):
+        if not chunks:
+            chunks = length_groups(lengths, config.minibatch_rows, limit=full, rng=rng)
+        chunk, width = chunks.pop()
+        policy, opt, loss = update.supervised_step(
+            policy, opt, rows.tokens[chunk, :width], rows.mask[chunk, :width],
+            rows.action_mask[chunk, :width], graphdef=parts.graphdef, tx=parts.tx,
+            choice_markers=config.loss.choice_markers, width=config.loss.action_width)
+        losses_seen.append(float(loss))
+    state = state.replace(policy=policy, opt=parts.tx.init(policy))
+    if state.reference is not None:
+        state = state.replace(reference=jax.tree.map(jnp.copy, policy))
+    if state.prm is not None:
+        prm = jax.tree.map(jnp.copy, policy)
+        state = state.replace(prm=prm, prm_opt=parts.prm_tx.init(prm))
+    return state, {"warm_start/loss_first": losses_seen[0], "warm_start/loss_last": losses_seen[-1],
+                   "warm_start/demonstration_rows": float(rows.valid.sum()),
+                   "time/warm_start": time.perf_counter() - tick}

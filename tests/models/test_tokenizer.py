@@ -127,7 +127,7 @@ def test_choice_tokens_label_items_and_decode_to_their_numbers():
 @pytest.mark.parametrize("env_name", ["alfworld", "webshop", "hotpotqa"])
 def test_every_text_of_an_environment_round_trips_through_its_tokenizer(env_name):
     from stepcredit.envs import registry
-    from stepcredit.train.trainer import build_tokenizer
+    from stepcredit.train.build import build_tokenizer
 
     tokenizer = build_tokenizer(env_name)
     texts = []

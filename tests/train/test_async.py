@@ -54,9 +54,9 @@ def test_async_mode_turns_on_the_decoupled_loss():
                                   minibatch_rows=16,
                                   rollout=RolloutConfig(max_prompt_tokens=96, max_action_tokens=6)),
                       log=lambda _: None)
-    assert trainer.loss_config.decoupled
+    assert trainer.config.loss.decoupled
     assert not Trainer(TrainConfig(env="alfworld", d_model=32, num_layers=1, minibatch_rows=16),
-                       log=lambda _: None).loss_config.decoupled
+                       log=lambda _: None).config.loss.decoupled
 
 
 def test_batches_carry_the_version_that_played_them_and_stale_ones_are_dropped():
@@ -101,7 +101,7 @@ def test_the_worker_is_shut_down_when_the_learner_fails(tmp_path, monkeypatch):
     def broken_learn(*args, **kwargs):
         raise FloatingPointError("learner failed")
 
-    monkeypatch.setattr(trainer, "learn", broken_learn)
+    monkeypatch.setattr(trainer.learner, "learn", broken_learn)
     started = time.monotonic()
     with pytest.raises(FloatingPointError, match="learner failed"):
         trainer.run()

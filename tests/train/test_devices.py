@@ -107,9 +107,9 @@ def test_a_trainer_iteration_on_4_devices_matches_1_device(tmp_path):
         trainer = Trainer(dataclasses.replace(config, num_devices=devices,
                                               logdir=str(tmp_path / str(devices))),
                           log=lambda _: None)
-        assert trainer.data_parallel.num_devices == devices
+        assert trainer.learner.data_parallel.num_devices == devices
         metrics = trainer.iteration(0)
-        results.append((trainer.state["policy"], metrics))
+        results.append((trainer.state.policy, metrics))
     (one, m1), (four, m4) = results
     # lr 3e-4: a few near-zero-gradient entries differ by ~2% of a step (see above).
     for a, b in zip(jax.tree.leaves(one), jax.tree.leaves(four)):

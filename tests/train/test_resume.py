@@ -44,7 +44,7 @@ def final_state(logdir):
     with open(os.path.join(logdir, "config.json"), encoding="utf-8") as f:
         trainer = Trainer(TrainConfig.from_json(f.read()), log=lambda _: None)
     assert trainer.restore() == ITERATIONS
-    state = dict(trainer.state)
+    state = trainer.state.as_tree()
     state["key"] = jax.random.key_data(state["key"])
     return state
 

@@ -26,8 +26,10 @@ from stepcredit.train.config import TrainConfig
 from stepcredit.train.evaluate import evaluate
 from stepcredit.train.metrics import read_metrics
 from stepcredit.train.rows import build_rows, length_groups
-from stepcredit.train.trainer import Trainer, build_tokenizer, make_env, model_config
-from stepcredit.train.warm_start import demonstration_rows, fit_prompt_budget
+from stepcredit.train.build import build_tokenizer, make_env, model_config
+from stepcredit.train.trainer import Trainer
+from stepcredit.train.warm_start import (demonstration_rows, fit_prompt_budget,
+                                         supervised_warm_start)
 
 TINY = ["--iterations", "1", "--tasks-per-iteration", "2", "--group-size", "2", "--max-steps", "3",
         "--d-model", "32", "--num-layers", "1", "--minibatch-rows", "16", "--epochs", "1",
@@ -80,7 +82,7 @@ def test_every_estimator_trains_and_evaluates_on_every_simulator(tmp_path, capsy
     missing = set(ITERATION_METRICS) - set(rows[0])
     assert not missing, f"metrics not logged: {sorted(missing)}"
     assert any(key.startswith("actions/") for key in rows[0])
-    head = value_head(restored(tmp_path).state["policy"])
+    head = value_head(restored(tmp_path).state.policy)
     # The value head starts at zero; only the critic's loss moves it.
     if adv.get(estimator).needs_critic:
         assert "loss/value" in rows[0] and np.abs(head).max() > 0
@@ -108,7 +110,7 @@ def test_constrained_choice_format_trains_and_warm_starts(tmp_path):
     # 3 tasks, each demonstrated for at most --max-steps 3 expert steps.
     assert 3 <= rows[0]["warm_start/demonstration_rows"] <= 3 * 3
     special = trainer.tokenizer.special
-    assert trainer.loss_config.choice_markers == (special.sep,)
+    assert trainer.config.loss.choice_markers == (special.sep,)
 
 
 @pytest.mark.parametrize("env", ["alfworld", "webshop", "hotpotqa"])
@@ -123,7 +125,7 @@ def test_evaluation_plays_a_fixed_panel_in_the_loop_and_from_a_checkpoint(tmp_pa
     assert [r["iteration"] for r in rows] == [-1, 0]
     assert all(0.0 <= r["eval/success"] <= 1.0 and r["eval/steps_per_episode"] > 0 for r in rows)
     trainer = restored(tmp_path)
-    again = [evaluate(trainer.graphdef, trainer.state["policy"], trainer.tokenizer,
+    again = [evaluate(trainer.graphdef, trainer.state.policy, trainer.tokenizer,
                       trainer.config, num_tasks=3, temperature=t) for t in (0.0, 0.0, 1.0, 1.0)]
     assert again[0] == again[1] and again[2] == again[3]
     assert {k: rows[-1][f"eval/{k}"] for k in again[0]} == again[0]
@@ -151,7 +153,7 @@ def test_horizon_curriculum_switches_step_limits(tmp_path):
                  "--horizon-switch-every", "1")
     assert [r["curriculum/step_limit"] for r in rows] == [2.0, 3.0]
     assert rows[0]["rollout/steps_per_episode"] <= 2.0
-    assert int(restored(tmp_path).state["stage"]) == 1
+    assert int(restored(tmp_path).state.stage) == 1
 
 
 def test_time_limit_stops_after_the_crossing_iteration_and_checkpoints(tmp_path, capsys):
@@ -160,7 +162,7 @@ def test_time_limit_stops_after_the_crossing_iteration_and_checkpoints(tmp_path,
     assert [r["iteration"] for r in rows] == [0]
     printed = capsys.readouterr().out
     assert "1/5" in printed and "0.0 min left" in printed and "time limit" in printed
-    assert int(restored(tmp_path).state["iteration"]) == 1
+    assert int(restored(tmp_path).state.iteration) == 1
 
 
 def test_kl_reference_and_step_level_ratio_run(tmp_path):
@@ -168,7 +170,7 @@ def test_kl_reference_and_step_level_ratio_run(tmp_path):
     assert_finite(rows)
     assert "loss/kl" in rows[0]
     trainer = restored(tmp_path)
-    assert trainer.loss_config.step_level_ratio and "reference" in trainer.state
+    assert trainer.config.loss.step_level_ratio and trainer.state.reference is not None
 
 
 def test_learning_rate_schedule_reaches_the_update(tmp_path):
@@ -182,7 +184,7 @@ def test_learning_rate_schedule_reaches_the_update(tmp_path):
                          learning_rate=3e-3, learning_rate_schedule="linear",
                          final_learning_rate_fraction=0.0, logdir=str(tmp_path))
     trainer = Trainer(config, log=lambda _: None)
-    params = lambda: [np.asarray(x).copy() for x in jax.tree.leaves(trainer.state["policy"])]
+    params = lambda: [np.asarray(x).copy() for x in jax.tree.leaves(trainer.state.policy)]
     initial = params()
     first = trainer.iteration(0)
     after_first = params()
@@ -218,13 +220,14 @@ def test_expert_warm_start_lowers_the_supervised_loss(tmp_path):
                          logdir=str(tmp_path))
     trainer = Trainer(config, log=lambda _: None)
     rows = demonstration_rows(lambda: make_env(config, "train"), trainer.tokenizer, config.rollout,
-                              num_tasks=8, seed=config.seed, row_length=trainer.row_length,
-                              multiple=16)
+                              num_tasks=8, seed=config.seed,
+                              row_length=trainer.learner.row_length, multiple=16)
     loss = jax.jit(lambda state: learner.supervised_loss(state, trainer.graphdef, rows.tokens,
                                                          rows.mask, rows.action_mask))
-    before = float(loss(trainer.state["policy"]))
-    metrics = trainer.warm_start()
-    after = float(loss(trainer.state["policy"]))
+    before = float(loss(trainer.state.policy))
+    trainer.state, metrics = supervised_warm_start(trainer.state, trainer.parts,
+                                                   lambda: make_env(config, "train"))
+    after = float(loss(trainer.state.policy))
     assert after < 0.8 * before, (before, after)
     assert metrics["warm_start/loss_last"] < metrics["warm_start/loss_first"]
     assert metrics["warm_start/demonstration_rows"] == rows.valid.sum()
@@ -236,16 +239,17 @@ def test_scoring_in_length_groups_equals_scoring_full_width_rows(tmp_path):
                          rollout=RolloutConfig(max_prompt_tokens=320, max_action_tokens=6),
                          logdir=str(tmp_path))
     trainer = Trainer(config, log=lambda _: None)
-    rollout = trainer.rollout(trainer.state["policy"], trainer.tasks(0), jax.random.key(1), 3)
-    rows, _ = build_rows(rollout.trajectories, num_steps=3, row_length=trainer.row_length,
+    rollout = trainer.collector.rollout(trainer.state.policy, trainer.collector.tasks(0),
+                                        jax.random.key(1), 3)
+    rows, _ = build_rows(rollout.trajectories, num_steps=3, row_length=trainer.learner.row_length,
                          pad_id=trainer.tokenizer.special.pad, multiple=4)
     widths = {w for _, w in length_groups(rows.mask.sum(1), 4, limit=rows.tokens.shape[1])}
     assert len(widths) > 1, "the rows should differ enough in length to be cut differently"
-    grouped = trainer._score(trainer.state["policy"], rows)
-    full = learner.score(trainer.state["policy"], rows.tokens, rows.mask, rows.action_mask,
+    grouped = trainer.learner.score(trainer.state.policy, rows)
+    full = learner.score(trainer.state.policy, rows.tokens, rows.mask, rows.action_mask,
                          np.float32(1.0), graphdef=trainer.graphdef,
-                         choice_markers=trainer.loss_config.choice_markers,
-                         width=trainer.loss_config.action_width)
+                         choice_markers=trainer.config.loss.choice_markers,
+                         width=trainer.config.loss.action_width)
     for name in ("logprobs", "entropies", "values"):
         np.testing.assert_allclose(np.asarray(getattr(grouped, name))[rows.mask],
                                    np.asarray(getattr(full, name))[rows.mask], rtol=1e-5,
@@ -260,12 +264,11 @@ def test_steppo_trains_the_critic_only_at_each_step_start(tmp_path, estimator):
                                                          max_action_tokens=6),
                          logdir=str(tmp_path))
     trainer = Trainer(config, log=lambda _: None)
-    rollout = trainer.rollout(trainer.state["policy"], trainer.tasks(0), jax.random.key(1), 3)
-    updates = []
-    trainer._epochs = lambda data: updates.append(data) or {}
-    trainer.learn(rollout.trajectories, 3)
-    value_mask, action_mask = (np.asarray(updates[0].value_mask),
-                               np.asarray(updates[0].action_mask))
+    rollout = trainer.collector.rollout(trainer.state.policy, trainer.collector.tasks(0),
+                                        jax.random.key(1), 3)
+    _, prepared = trainer.learner.prepare(trainer.state, rollout.trajectories, 3)
+    value_mask, action_mask = (np.asarray(prepared.data.value_mask),
+                               np.asarray(prepared.data.action_mask))
     acting = action_mask.any(axis=1)
     assert acting.sum() >= 4 and (action_mask.sum(axis=1) > 1).any()
     if estimator == "token_gae":

@@ -1,0 +1,74 @@
+"""Rollout collection for training: which tasks an iteration plays, and DAPO's dynamic sampling."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import numpy as np
+
+from stepcredit.envs.pool import EnvPool
+from stepcredit.rollout import Rollout, collect
+from stepcredit.train.build import Parts, make_env
+
+# Dynamic sampling plays at most this many extra rounds of tasks to fill a batch.
+MAX_REFILL_ROUNDS = 3
+
+
+class Collector:
+    """Plays an iteration's tasks, G episodes each, with a given policy.
+
+    Args:
+      parts: the run's parts (`stepcredit.train.build.build`).
+      process_index: this process's index when several processes train one
+        policy (each plays its own tasks), else None.
+    """
+
+    def __init__(self, parts: Parts, *, process_index: int | None = None):
+        self.parts = parts
+        self.config = parts.config
+        self.process_index = process_index
+
+    def tasks(self, iteration: int, round_: int = 0) -> list[int]:
+        """The training tasks of an iteration: a fixed function of (seed, iteration, round)."""
+        seed = [self.config.seed, iteration, round_]
+        if self.process_index is not None:
+            seed.append(self.process_index)
+        return np.random.default_rng(seed).choice(
+            self.parts.num_train_tasks, self.config.tasks_per_iteration, replace=False).tolist()
+
+    def rollout(self, policy, tasks: list[int], key: jax.Array, limit: int) -> Rollout:
+        """Plays each task `group_size` times at the step limit `limit`."""
+        config = self.config
+        envs = [make_env(config, "train", limit) for _ in range(len(tasks) * config.group_size)]
+        with EnvPool(envs) as pool:
+            return collect(self.parts.graphdef, policy, pool, tasks, config.group_size,
+                           self.parts.tokenizer, key, config.rollout)
+
+    def batch(self, policy, iteration: int, key: jax.Array, limit: int) -> tuple[Rollout, dict]:
+        """One iteration's batch; with dynamic sampling, groups whose scores are all
+        equal are replaced by groups of fresh tasks (DAPO, arXiv 2503.14476)."""
+        rollout = self.rollout(policy, self.tasks(iteration), key, limit)
+        if not self.config.dynamic_sampling:
+            return rollout, {}
+        g, wanted = self.config.group_size, self.config.tasks_per_iteration
+        kept, dropped, round_ = [], 0, 0
+        candidates = rollout
+        while True:
+            for start in range(0, len(candidates.trajectories), g):
+                group = candidates.trajectories[start:start + g]
+                if len({t.score for t in group}) == 1:
+                    dropped += 1
+                elif len(kept) < wanted:
+                    kept.append(group)
+            round_ += 1
+            if len(kept) >= wanted or round_ > MAX_REFILL_ROUNDS:
+                break
+            key, sub = jax.random.split(key)
+            candidates = self.rollout(policy, self.tasks(iteration, round_), sub, limit)
+        if not kept:  # every group was uniform: learn nothing rather than something wrong
+            kept = [rollout.trajectories[i:i + g] for i in range(0, len(rollout.trajectories), g)]
+        trajectories = [dataclasses.replace(t, group_id=k) for k, group in enumerate(kept)
+                        for t in group]
+        return Rollout(trajectories, rollout.metrics), {"dapo/groups_dropped": float(dropped),
+                                                        "dapo/sampling_rounds": float(round_)}

@@ -1,0 +1,233 @@
+"""The learner: from one batch of trajectories to updated parameters.
+
+`Learner.prepare` scores the batch's step rows with the policy that sampled
+them, updates the implicit PRM when the estimator reads PRM log-probs (iStar's
+preference loss), assigns credit through the estimator's registry binding
+(`stepcredit.credit.compiled_compute_advantages`) and builds the critic
+targets; `Learner.update` runs `epochs` passes of minibatch PPO steps over the
+rows. Both are functions of a `TrainState` that return a new one.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+from stepcredit import advantages as adv
+from stepcredit.batch import Trajectory, collate
+from stepcredit.credit import compiled_compute_advantages
+from stepcredit.models.transformer import score_actions
+from stepcredit.train import update
+from stepcredit.train.build import Parts
+from stepcredit.train.curriculum import learning_rate_at
+from stepcredit.train.devices import DataParallel, max_over_processes, mean_over_processes
+from stepcredit.train.rows import (RowIndex, StepRowBatch, build_rows, length_groups,
+                                   rows_from_tokens, tokens_from_rows)
+from stepcredit.train.state import TrainState
+
+
+class Prepared(NamedTuple):
+    """A batch ready for the update: the minibatch data of every step row and what it cost."""
+
+    data: update.Minibatch
+    metrics: dict[str, float]
+
+
+class Learner:
+    """Credit and updates for the run described by `parts`.
+
+    Args:
+      parts: the run's parts (`stepcredit.train.build.build`).
+      data_parallel: the devices the update runs on.
+      multiprocess: several processes train one policy (their minibatches must
+        line up: the same count, in random order at full width).
+    """
+
+    def __init__(self, parts: Parts, data_parallel: DataParallel, *, multiprocess: bool = False):
+        self.parts = parts
+        self.config = parts.config
+        self.estimator_config = dict(self.config.estimator_config)
+        self.data_parallel = data_parallel
+        self.multiprocess = multiprocess
+        self.row_length = (self.config.rollout.max_prompt_tokens
+                           + self.config.rollout.action_length)
+
+    # ------------------------------------------------------------------ scoring
+    def score(self, params, rows: StepRowBatch):
+        """Scores all rows in minibatch-sized chunks of similar length (`length_groups`)."""
+        loss = self.config.loss
+        full = rows.tokens.shape[1]
+        parts, order = [], []
+        for chunk, width in length_groups(rows.mask.sum(1), self.config.minibatch_rows,
+                                          limit=full):
+            scores = update.score(params, rows.tokens[chunk, :width], rows.mask[chunk, :width],
+                                  rows.action_mask[chunk, :width], jnp.float32(loss.temperature),
+                                  graphdef=self.parts.graphdef,
+                                  choice_markers=loss.choice_markers, width=loss.action_width)
+            parts.append(jax.tree.map(lambda x: jnp.pad(x, ((0, 0), (0, full - width))), scores))
+            order.append(chunk)
+        inverse = np.argsort(np.concatenate(order))
+        return jax.tree.map(lambda *xs: jnp.concatenate(xs)[inverse], *parts)
+
+    def _prm_logprobs(self, prm, rows: StepRowBatch):
+        loss = self.config.loss
+        return score_actions(self.parts.graphdef, prm, rows.tokens, rows.mask, rows.action_mask,
+                             loss.temperature, width=loss.action_width,
+                             choice_markers=loss.choice_markers).logprobs
+
+    def update_prm(self, state: TrainState, rows: StepRowBatch, index: RowIndex, tokens, steps,
+                   shape) -> tuple[TrainState, jax.Array, dict[str, float]]:
+        """One preference-loss step on the implicit PRM (iStar).
+
+        Returns the new state, the PRM's `[B, N]` token log-probs in the token
+        view (after the step, the paper's order, or before it with
+        `prm_rewards_from="pre_update_prm"`, the authors' code) and metrics.
+        """
+        success = np.asarray(steps.score) > 0
+        ref_logp = jnp.asarray(tokens.logp)
+        num_groups = int(np.max(steps.group_id)) + 1
+        beta = self.estimator_config["beta"]  # the same beta scales the implicit rewards
+
+        def loss_fn(prm):
+            prm_view = tokens_from_rows(self._prm_logprobs(prm, rows), index, rows.action_mask,
+                                        shape)
+            return adv.trajectory_preference_loss(
+                prm_view, ref_logp, tokens.action_mask, tokens.step_index, success,
+                steps.group_id, beta=beta, num_groups=num_groups)
+
+        before = tokens_from_rows(self.score(state.prm, rows).logprobs, index, rows.action_mask,
+                                  shape)
+        (loss, metrics), grads = jax.value_and_grad(loss_fn, has_aux=True)(state.prm)
+        if self.multiprocess:
+            grads = mean_over_processes(grads)
+        updates, prm_opt = self.parts.prm_tx.update(grads, state.prm_opt, state.prm)
+        state = state.replace(prm=optax.apply_updates(state.prm, updates), prm_opt=prm_opt)
+        after = tokens_from_rows(self.score(state.prm, rows).logprobs, index, rows.action_mask,
+                                 shape)
+        out = {"prm/loss": float(loss), **{f"prm/{k}": float(v) for k, v in metrics.items()}}
+        return state, (before if self.config.prm_rewards_from == "pre_update_prm" else after), out
+
+    # ------------------------------------------------------------------- credit
+    def prepare(self, state: TrainState, trajectories: list[Trajectory],
+                limit: int) -> tuple[TrainState, Prepared]:
+        """Scores, credits and packs one batch (the PRM, if any, learns here)."""
+        config = self.config
+        num_tokens = limit * config.rollout.action_length
+        steps, tokens, _ = collate(trajectories, max_steps=limit, max_tokens=num_tokens,
+                                   with_observations=False)
+        shape = tokens.tokens.shape
+        rows, index = build_rows(trajectories, num_steps=limit, row_length=self.row_length,
+                                 pad_id=self.parts.tokenizer.special.pad,
+                                 multiple=config.minibatch_rows)
+        tick = time.perf_counter()
+        old = jax.block_until_ready(self.score(state.policy, rows))
+        metrics: dict[str, float] = {}
+        prm_logp = None
+        if self.parts.estimator.needs_prm:
+            state, prm_logp, prm_metrics = self.update_prm(state, rows, index, tokens, steps,
+                                                           shape)
+            metrics.update(prm_metrics)
+        score_seconds = time.perf_counter() - tick
+
+        tick = time.perf_counter()
+        token_values = tokens_from_rows(old.values, index, rows.action_mask, shape)
+        credit = compiled_compute_advantages(
+            steps, tokens, config.estimator, token_values=token_values, prm_logp=prm_logp,
+            ref_logp=tokens.logp, **self.estimator_config)
+        advantages = rows_from_tokens(credit.token_advantages, index, rows.action_mask)
+        returns, value_mask = self._value_targets(credit, rows, index)
+        jax.block_until_ready(advantages)
+        credit_seconds = time.perf_counter() - tick
+
+        ref_logp = (self.score(state.reference, rows).logprobs if state.reference is not None
+                    else old.logprobs)
+        warming_critic = int(state.iteration) < config.critic_warmup_iterations
+        action_mask = jnp.asarray(rows.action_mask & rows.valid[:, None])
+        data = update.Minibatch(
+            tokens=jnp.asarray(rows.tokens), mask=jnp.asarray(rows.mask), action_mask=action_mask,
+            advantages=jnp.zeros_like(advantages) if warming_critic else advantages,
+            old_logp=old.logprobs, behav_logp=jnp.asarray(rows.behav_logp),
+            ref_logp=ref_logp, old_values=old.values, returns=returns, value_mask=value_mask)
+        valid_adv = np.asarray(advantages)[np.asarray(action_mask)]
+        metrics.update({
+            "advantage/mean": float(valid_adv.mean()) if valid_adv.size else 0.0,
+            "advantage/std": float(valid_adv.std()) if valid_adv.size else 0.0,
+            "advantage/abs_max": float(np.abs(valid_adv).max()) if valid_adv.size else 0.0,
+            "batch/rows": float(rows.valid.sum()), "train/critic_warmup": float(warming_critic),
+            "time/credit": credit_seconds, "time/score": score_seconds})
+        return state, Prepared(data, metrics)
+
+    def _value_targets(self, credit, rows: StepRowBatch, index: RowIndex):
+        zeros = jnp.zeros(rows.tokens.shape, jnp.float32)
+        none = jnp.zeros(rows.tokens.shape, bool)
+        if not self.config.loss.value_coef or credit.returns is None:
+            return zeros, none
+        if credit.returns.ndim == 2 and credit.step_advantages is not None:
+            # StepPO: the critic learns one V(s_t) per step, at the step's first action token.
+            per_row = jnp.asarray(credit.returns)[rows.trajectory, rows.step]
+            mask = jnp.asarray(rows.first_action & rows.valid[:, None])
+            return jnp.where(mask, per_row[:, None], 0.0), mask
+        mask = jnp.asarray(rows.action_mask & rows.valid[:, None])
+        return rows_from_tokens(credit.returns, index, mask), mask
+
+    # ------------------------------------------------------------------- update
+    def update(self, state: TrainState, data: update.Minibatch) -> tuple[TrainState, dict]:
+        """`epochs` passes of minibatch PPO steps (stopping early past the target KL)."""
+        config = self.config
+        iteration = int(state.iteration)
+        rng = np.random.default_rng([config.seed, iteration, 7])
+        dp = self.data_parallel
+        learning_rate = learning_rate_at(
+            iteration, base=config.learning_rate, schedule=config.learning_rate_schedule,
+            iterations=config.iterations, final_fraction=config.final_learning_rate_fraction,
+            warmup=config.learning_rate_warmup_iterations)
+        opt = update.with_learning_rate(state.opt, learning_rate)
+        policy, opt = dp.replicate((state.policy, opt))
+        if self.multiprocess:  # as many minibatches on every process: pad with empty rows
+            extra = max_over_processes(data.tokens.shape[0]) - data.tokens.shape[0]
+            data = jax.tree.map(lambda x: jnp.pad(x, [(0, extra)] + [(0, 0)] * (x.ndim - 1)),
+                                data)
+        lengths = np.asarray(data.mask).sum(1)
+        schedule = [step for _ in range(config.epochs)
+                    for step in self._minibatches(lengths, data.tokens.shape[1], rng)]
+        history = []
+        for chunk, width in schedule:
+            batch = dp.shard(jax.tree.map(lambda x: x[chunk, :width], data))
+            policy, opt, metrics = update.train_step(
+                policy, opt, batch, graphdef=self.parts.graphdef, tx=self.parts.tx,
+                config=config.loss)
+            history.append(metrics)
+            # Every process sees the same global minibatch's KL, so all stop together.
+            if (config.target_kl is not None and float(dp.gather(metrics["policy/approx_kl"]))
+                    > 1.5 * config.target_kl):
+                break
+        policy, opt, history = dp.gather((policy, opt, history))
+        means = {k: float(np.mean([float(h[k]) for h in history])) for k in history[0]}
+        return state.replace(policy=policy, opt=opt), {
+            **means, "optim/learning_rate": learning_rate,
+            "update/minibatches": float(len(history)),
+            "update/minibatches_planned": float(len(schedule))}
+
+    def _minibatches(self, lengths: np.ndarray, width: int,
+                     rng: np.random.Generator) -> list[tuple[np.ndarray, int]]:
+        """One epoch's minibatches, (rows, width): rows of similar length together, or, with
+        several processes (whose steps must line up), a random order at full width."""
+        m = self.config.minibatch_rows
+        if not self.multiprocess:
+            return length_groups(lengths, m, limit=width, rng=rng)
+        order = rng.permutation(len(lengths))
+        return [(order[i:i + m], width) for i in range(0, len(order), m)]
+
+    def learn(self, state: TrainState, trajectories: list[Trajectory],
+              limit: int) -> tuple[TrainState, dict[str, float]]:
+        """`prepare` then `update`: one batch's credit and updates."""
+        state, prepared = self.prepare(state, trajectories, limit)
+        tick = time.perf_counter()
+        state, update_metrics = self.update(state, prepared.data)
+        return state, {**prepared.metrics, **update_metrics,
+                       "time/update": time.perf_counter() - tick}
