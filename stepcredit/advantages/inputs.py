@@ -2,9 +2,10 @@
 
 A trainer, offline credit or a framework adapter fills the fields it has; a
 registry entry (`stepcredit.advantages.registry`) names the fields its
-function reads, and `input_field` hands them over, computing the derived
-fields (token rewards, action mask, implicit PRM rewards, a base estimator's
-advantages) from the raw ones on demand.
+function reads, and `input_field` hands them over. The derived fields
+(`DERIVED`: action mask, token rewards, implicit PRM rewards) are computed
+from the others when they are not given, so a caller that already holds
+them (verl's token rewards, a PRM's step rewards) passes them directly.
 
 Conventions, for every field:
   - Step arrays are `[B, T]` (B trajectories, T steps, padded); `mask` is
@@ -50,6 +51,14 @@ class CreditInputs(NamedTuple):
         sampled the batch (iStar's rolling old policy; PRIME's reference).
       base_advantages: `[B]` or `[B, T]` advantages that an estimator
         reweights (plain EMPG); None lets the entry's base estimator supply them.
+      action_mask: `[B, N]` bool, True on action tokens (derived:
+        `step_index >= 0`).
+      token_rewards: `[B, N]` reward of each action token (derived: each
+        step's reward on its last action token).
+      implicit_step_rewards: `[B, T]` iStar's implicit step rewards (derived:
+        `implicit_step_rewards` of the PRM and old-policy log-probs).
+      prime_token_rewards: `[B, N]` PRIME's implicit token rewards (derived:
+        `prime_token_rewards` of the PRM and reference log-probs).
     """
 
     mask: Any = None
@@ -65,9 +74,10 @@ class CreditInputs(NamedTuple):
     prm_logp: Any = None
     ref_logp: Any = None
     base_advantages: Any = None
-
-
-RAW_FIELDS = CreditInputs._fields
+    action_mask: Any = None
+    token_rewards: Any = None
+    implicit_step_rewards: Any = None
+    prime_token_rewards: Any = None
 
 
 def last_action_tokens(step_index) -> jax.Array:
@@ -113,27 +123,30 @@ DERIVED: Mapping[str, Derived] = {
 
 
 def raw_fields(field: str) -> tuple[str, ...]:
-    """The raw `CreditInputs` fields that `field` (raw or derived) is computed from."""
-    if field in RAW_FIELDS:
-        return (field,)
-    if field not in DERIVED:
+    """The fields that `field` needs when it is not given: itself, or what derives it."""
+    if field not in CreditInputs._fields:
         raise KeyError(f"unknown credit input {field!r}; known: "
-                       f"{', '.join(sorted({*RAW_FIELDS, *DERIVED}))}")
+                       f"{', '.join(sorted(CreditInputs._fields))}")
+    if field not in DERIVED:
+        return (field,)
     return tuple(dict.fromkeys(raw for f in DERIVED[field].fields for raw in raw_fields(f)))
 
 
-def input_field(inputs: CreditInputs, field: str, params: Mapping[str, Any],
-                *, reader: str) -> jax.Array:
-    """The array `field` of `inputs`, derived with `params` where it is not raw.
+def missing_fields(inputs: CreditInputs, field: str) -> tuple[str, ...]:
+    """The fields that are absent although `field` needs them (empty: it can be read)."""
+    if getattr(inputs, field) is not None:
+        return ()
+    if field not in DERIVED:
+        return (field,)
+    return tuple(dict.fromkeys(m for f in DERIVED[field].fields
+                               for m in missing_fields(inputs, f)))
 
-    Raises:
-      ValueError: naming `reader` (the estimator) and the missing raw field.
-    """
-    if field in RAW_FIELDS:
-        value = getattr(inputs, field)
-        if value is None:
-            raise ValueError(f"estimator {reader!r} reads {field!r}, which was not given")
+
+def input_field(inputs: CreditInputs, field: str, params: Mapping[str, Any]) -> jax.Array:
+    """The array `field` of `inputs`, or derived from its fields with `params` when absent."""
+    value = getattr(inputs, field)
+    if value is not None or field not in DERIVED:
         return value
     derived = DERIVED[field]
-    args = [input_field(inputs, f, params, reader=reader) for f in derived.fields]
+    args = [input_field(inputs, f, params) for f in derived.fields]
     return derived.compute(*args, **{k: params[k] for k in derived.params if k in params})

@@ -21,14 +21,15 @@ import jax.numpy as jnp
 from stepcredit.advantages import gae, group
 from stepcredit.advantages.empg import empg, grpo_empg
 from stepcredit.advantages.gigpo import gigpo
-from stepcredit.advantages.inputs import CreditInputs, input_field, raw_fields
+from stepcredit.advantages.inputs import CreditInputs, input_field, missing_fields, raw_fields
 from stepcredit.advantages.istar import istar
 from stepcredit.advantages.process import prime_advantages
 
 Level = Literal["trajectory", "step", "token"]
 Whiten = Literal["none", "steps", "tokens"]
 
-_TOKEN_FIELDS = {"step_index", "token_values", "prm_logp", "ref_logp"}
+_TOKEN_FIELDS = {"step_index", "token_values", "prm_logp", "ref_logp", "action_mask",
+                 "token_rewards", "prime_token_rewards"}
 _STEP_FIELDS = {"mask", "step_rewards", "step_values", "entropy", "anchors"}
 
 
@@ -57,8 +58,8 @@ class Estimator:
         `[B, N]` advantages (by `output_level`), or a NamedTuple with
         `advantages` and `returns` (critic targets).
       reads: which credit inputs it reads: `{argument name: field}`, each field
-        a `CreditInputs` field or a derived one (`inputs.DERIVED`); a sequence
-        of field names passes each under its own name.
+        a `CreditInputs` field (derived ones are computed when not given); a
+        sequence of field names passes each under its own name.
       optional: arguments of `reads` passed as None when their field is absent
         (e.g. GAE's `bootstrap_value`: None means 0).
       defaults: its keyword hyperparameters and their default values (each from
@@ -120,7 +121,8 @@ class Estimator:
 
     @property
     def fields(self) -> frozenset[str]:
-        """The raw `CreditInputs` fields it needs (base_advantages only when it has no base)."""
+        """The `CreditInputs` fields it needs when derived fields are derived (base_advantages
+        only when it has no base estimator)."""
         needed = {raw for field in self.reads.values() for raw in raw_fields(field)}
         if self.base is not None and "base_advantages" in needed:
             needed = needed - {"base_advantages"} | get(self.base).fields
@@ -220,13 +222,12 @@ def apply(name: str | Estimator, inputs: CreditInputs,
         inputs = inputs._replace(base_advantages=_base_advantages(entry.base, inputs))
     absent = {argument for argument in entry.optional
               if getattr(inputs, entry.reads[argument]) is None}
-    missing = sorted({raw for argument, field in entry.reads.items() if argument not in absent
-                      for raw in raw_fields(field) if getattr(inputs, raw) is None})
+    missing = sorted({m for argument, field in entry.reads.items() if argument not in absent
+                      for m in missing_fields(inputs, field)})
     if missing:
         raise ValueError(f"estimator {entry.name!r} needs {', '.join(missing)}; not given")
     input_params = {k: resolved[k] for k in entry.input_defaults}
-    arrays = {argument: None if argument in absent
-              else input_field(inputs, field, input_params, reader=entry.name)
+    arrays = {argument: None if argument in absent else input_field(inputs, field, input_params)
               for argument, field in entry.reads.items()}
     keywords = {k: v for k, v in resolved.items() if k not in entry.input_defaults}
     out = entry.fn(**arrays, **keywords)

@@ -1,9 +1,11 @@
-"""verl-compatible advantage functions, computed by stepcredit's estimators.
+"""verl-compatible advantage functions, computed by stepcredit's registered estimators.
 
 Drop-in replacements for the `compute_*` functions of verl's `core_algos.py`
 and its agentic forks (verl-agent's GiGPO, StepPO/Agent-R1's step rows,
 ARLArena's EMPG): the same argument names and conventions, returning
-`(advantages, returns)` of shape `(bs, response_length)`.
+`(advantages, returns)` of shape `(bs, response_length)`. Each runs its
+estimator by name through the registry binding (`stepcredit.advantages.apply`)
+on the `CreditInputs` it builds from verl's arrays.
 
 Conventions (verl's):
   - `token_level_rewards`, `values`, `response_mask`: `(bs, response_length)`
@@ -33,9 +35,9 @@ from typing import Any, Sequence
 import jax.numpy as jnp
 import numpy as np
 
-from stepcredit.advantages import gae, group, normalize
-from stepcredit.advantages.empg import empg
-from stepcredit.advantages.istar import istar
+from stepcredit.advantages import gae, normalize
+from stepcredit.advantages.inputs import CreditInputs
+from stepcredit.advantages.registry import apply
 from stepcredit.keys import dense_ids, stable_keys
 
 
@@ -136,6 +138,10 @@ class _Layout:
         return per_step[self.traj, self.step]
 
 
+def _grpo(scores, group_ids, **config) -> jnp.ndarray:
+    return apply("grpo", CreditInputs(scores=scores, group_ids=group_ids), config).advantages
+
+
 def _broadcast(per_row: jnp.ndarray, mask: jnp.ndarray) -> jnp.ndarray:
     return jnp.where(mask, per_row[:, None], 0.0)
 
@@ -173,8 +179,9 @@ def compute_gae_advantage_return(token_level_rewards, values, response_mask, gam
       `(advantages, returns)`, `(bs, response_length)`, the inputs' type.
     """
     rewards, mask = _rows(token_level_rewards, response_mask, "compute_gae_advantage_return")
-    out = gae.token_gae(rewards, _to_jax(values).astype(jnp.float32), mask, gamma=float(gamma),
-                        lam=float(lam))
+    inputs = CreditInputs(token_rewards=rewards, action_mask=mask,
+                          token_values=_to_jax(values).astype(jnp.float32))
+    out = apply("token_gae", inputs, {"gamma": float(gamma), "lam": float(lam)})
     advantages = normalize.masked_whiten(out.advantages, mask)
     return _like(advantages, token_level_rewards), _like(out.returns, token_level_rewards)
 
@@ -206,8 +213,9 @@ def compute_step_gae_advantage_return(token_level_rewards, values, response_mask
     rewards, mask = _rows(token_level_rewards, response_mask, name)
     layout = _Layout(traj_index, step_index, rewards.shape[0], name)
     step_values = _to_jax(values).astype(jnp.float32)[:, 0]
-    out = gae.step_gae(layout.steps(_row_scores(rewards, mask)), layout.steps(step_values),
-                       layout.mask, gamma=float(gamma), lam=float(lam))
+    inputs = CreditInputs(step_rewards=layout.steps(_row_scores(rewards, mask)),
+                          step_values=layout.steps(step_values), mask=layout.mask)
+    out = apply("step_gae", inputs, {"gamma": float(gamma), "lam": float(lam)})
     advantages = normalize.masked_whiten(out.advantages, jnp.asarray(layout.mask))
     return (_like(_broadcast(layout.rows(advantages), mask), token_level_rewards),
             _like(_broadcast(layout.rows(out.returns), mask), token_level_rewards))
@@ -244,8 +252,8 @@ def compute_grpo_outcome_advantage(token_level_rewards, response_mask, index, tr
     rewards, mask = _rows(token_level_rewards, response_mask, "compute_grpo_outcome_advantage")
     scores, groups, row_traj = _trajectory_scores(_row_scores(rewards, mask), index, traj_index,
                                                   rewards.shape[0])
-    advantages = group.grpo(scores, groups, eps=float(epsilon), singleton="raw",
-                            std="unbiased" if norm_adv_by_std_in_grpo else "none")
+    advantages = _grpo(scores, groups, eps=float(epsilon), singleton="raw",
+                       std="unbiased" if norm_adv_by_std_in_grpo else "none")
     out = _like(_broadcast(advantages[row_traj], mask), token_level_rewards)
     return out, out
 
@@ -261,7 +269,8 @@ def compute_rloo_outcome_advantage(token_level_rewards, response_mask, index, tr
     rewards, mask = _rows(token_level_rewards, response_mask, "compute_rloo_outcome_advantage")
     scores, groups, row_traj = _trajectory_scores(_row_scores(rewards, mask), index, traj_index,
                                                   rewards.shape[0])
-    advantages = group.rloo(scores, groups, singleton="raw")
+    advantages = apply("rloo", CreditInputs(scores=scores, group_ids=groups),
+                       {"singleton": "raw"}).advantages
     out = _like(_broadcast(advantages[row_traj], mask), token_level_rewards)
     return out, out
 
@@ -274,7 +283,8 @@ def compute_reinforce_plus_plus_outcome_advantage(token_level_rewards, response_
     """
     rewards, mask = _rows(token_level_rewards, response_mask,
                           "compute_reinforce_plus_plus_outcome_advantage")
-    returns = group.reinforce_pp(rewards, mask, gamma=float(gamma))
+    returns = apply("reinforce_pp", CreditInputs(token_rewards=rewards, action_mask=mask),
+                    {"gamma": float(gamma)}).advantages
     advantages = normalize.masked_whiten(returns, mask)
     return _like(advantages, token_level_rewards), _like(returns, token_level_rewards)
 
@@ -293,7 +303,8 @@ def compute_reinforce_plus_plus_baseline_outcome_advantage(token_level_rewards, 
                           "compute_reinforce_plus_plus_baseline_outcome_advantage")
     scores, groups, row_traj = _trajectory_scores(_row_scores(rewards, mask), index, traj_index,
                                                   rewards.shape[0])
-    centred = group.reinforce_pp_baseline(scores, groups, singleton="raw")
+    centred = apply("reinforce_pp_baseline", CreditInputs(scores=scores, group_ids=groups),
+                    {"singleton": "raw"}).advantages
     advantages = normalize.masked_whiten(_broadcast(centred[row_traj], mask), mask)
     out = _like(jnp.where(mask, advantages, 0.0), token_level_rewards)
     return out, out
@@ -339,21 +350,21 @@ def compute_gigpo_outcome_advantage(token_level_rewards, step_rewards, response_
     size = rewards.shape[0]
     row_scores = _row_scores(rewards, mask)
     if compute_mean_std_cross_steps:
-        episode = group.grpo(row_scores, _dense(index, "index", size), eps=float(epsilon), std=std,
-                             singleton="raw")
+        episode = _grpo(row_scores, _dense(index, "index", size), eps=float(epsilon), std=std,
+                        singleton="raw")
     else:
         traj = _dense(traj_index, "traj_index", size)
         first = np.full(int(traj.max(initial=-1)) + 1, -1)
         first[traj[::-1]] = np.arange(size)[::-1]
-        per_trajectory = group.grpo(row_scores[first], _dense(index, "index", size)[first],
-                                    eps=float(epsilon), std=std, singleton="raw")
+        per_trajectory = _grpo(row_scores[first], _dense(index, "index", size)[first],
+                               eps=float(epsilon), std=std, singleton="raw")
         episode = per_trajectory[traj]
     groups = _dense(index, "index", size)
     anchors = _dense(anchor_obs, "anchor_obs", size)
     step_groups = _dense(groups.astype(np.int64) * (int(anchors.max(initial=0)) + 1) + anchors,
                          "anchor_obs", size)
-    step = group.grpo(_to_jax(step_rewards).astype(jnp.float32).reshape(-1), step_groups,
-                      eps=float(epsilon), std=std, singleton="zero")
+    step = _grpo(_to_jax(step_rewards).astype(jnp.float32).reshape(-1), step_groups,
+                 eps=float(epsilon), std=std, singleton="zero")
     out = _like(_broadcast(episode + float(step_advantage_w) * step, mask), token_level_rewards)
     return out, out
 
@@ -382,8 +393,10 @@ def compute_empg_advantage(advantages, old_entropy, response_mask, traj_index, s
     count = jnp.maximum(jnp.sum(mask, axis=1), 1)
     step_entropy = jnp.sum(jnp.where(mask, entropy, 0.0), axis=1) / count
     layout = _Layout(traj_index, step_index, values.shape[0], name)
-    modulated = empg(layout.steps(values[:, 0]), layout.steps(step_entropy), layout.mask, k=float(k),
-                     k_future=float(k_f), zeta=float(zeta))
+    inputs = CreditInputs(base_advantages=layout.steps(values[:, 0]),
+                          entropy=layout.steps(step_entropy), mask=layout.mask)
+    modulated = apply("empg", inputs, {"k": float(k), "k_future": float(k_f),
+                                       "zeta": float(zeta)}).advantages
     out = _like(_broadcast(layout.rows(modulated), mask), advantages)
     return out, out
 
@@ -433,9 +446,11 @@ def compute_istar_advantage(token_level_rewards, step_rewards, response_mask, in
     first[layout.traj[layout.step == 0]] = np.flatnonzero(layout.step == 0)
     step_rewards = _to_jax(step_rewards).astype(jnp.float32).reshape(-1)
     std = "unbiased" if mode == "rloo" or norm_adv_by_std_in_grpo else "none"
-    per_step = istar(episode_scores, layout.steps(step_rewards), groups[first], layout.mask,
-                     alpha=float(step_advantage_w), episode=mode, step_baseline=step_baseline,
-                     std=std, eps=float(epsilon))
+    inputs = CreditInputs(scores=episode_scores, implicit_step_rewards=layout.steps(step_rewards),
+                          group_ids=groups[first], mask=layout.mask)
+    per_step = apply("istar", inputs, {"alpha": float(step_advantage_w), "episode": mode,
+                                       "step_baseline": step_baseline, "std": std,
+                                       "eps": float(epsilon)}).advantages
     out = _like(_broadcast(layout.rows(per_step), mask), token_level_rewards)
     return out, out
 
