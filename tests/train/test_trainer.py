@@ -312,3 +312,34 @@ def test_device_settings_that_cannot_work_are_named(tmp_path):
         Trainer(config)
     with pytest.raises(ValueError, match="num_devices=8 but only 4"):
         Trainer(dataclasses.replace(config, minibatch_rows=16, num_devices=8))
+
+
+def test_the_saved_config_is_the_one_that_ran(tmp_path):
+    rows = train(tmp_path, "alfworld", "dapo+empg", "--set", "zeta=0.1", "--set", "center=false")
+    assert "dapo/groups_dropped" in rows[0]
+    with open(os.path.join(tmp_path, "config.json"), encoding="utf-8") as f:
+        saved = TrainConfig.from_json(f.read())
+    # Every value the estimator's entry and recipe imply is written out.
+    assert dict(saved.estimator_config) == adv.get("dapo+empg").resolve(
+        {"zeta": 0.1, "center": False})
+    assert saved.loss.clip_high == 0.28 and saved.dynamic_sampling is True
+    assert saved.loss.value_coef == 0.0 and saved.loss.temperature == 1.0
+    assert saved.loss.action_width == saved.rollout.action_length
+    trainer = restored(tmp_path)
+    assert trainer.config == saved  # resolving a resolved configuration changes nothing
+
+
+def test_one_beta_reaches_both_the_prm_loss_and_its_rewards(tmp_path):
+    rows = train(tmp_path, "alfworld", "grpo+istar", "--set", "beta=0.2")
+    assert math.isfinite(rows[0]["prm/loss"])
+    assert dict(restored(tmp_path).config.estimator_config)["beta"] == 0.2
+
+
+def test_settings_the_estimator_cannot_take_stop_the_run_before_it_starts(tmp_path):
+    with pytest.raises(ValueError, match="'grpo' has no hyperparameter 'lam'"):
+        train(tmp_path / "a", "alfworld", "grpo", "--set", "lam=0.9")
+    with pytest.raises(ValueError, match="center='yes' is a str; it must be a bool"):
+        train(tmp_path / "b", "alfworld", "grpo+empg", "--set", "center=yes")
+    with pytest.raises(ValueError, match="group_size=1, but 'grpo' compares the rollouts"):
+        train(tmp_path / "c", "alfworld", "grpo", "--group-size", "1")
+    assert not any((tmp_path / name).exists() for name in "abc")
