@@ -20,7 +20,13 @@ a training loop needs from a remote environment:
   episodes loses only that episode. `reset` and construction do raise
   `HttpEnvError`: there is no episode yet to end;
 - closing is tolerant: servers without `/close` (ALFWorld, WebShop, SQLGym)
-  are not asked, and a close that fails is logged, never raised.
+  are not asked, and a close that fails is logged, never raised;
+- server identity: the boot id a `stepcredit serve` server sends (the
+  `X-Stepcredit-Boot` header) is recorded at `/create` and sent back with every
+  later request. An answer from another boot (the server restarted, or another
+  server took its address) ends the episode as truncated with that reason,
+  and the instance is never addressed again: its id may name another client's
+  instance there. Servers that send no boot id (AgentGym's) are not checked.
 
 Example:
   with HttpEnv("http://127.0.0.1:36001", "alfworld") as env:
@@ -41,6 +47,7 @@ import httpx
 
 from stepcredit.envs.agentgym_schema import ServerSchema, get_schema, webshop_actions
 from stepcredit.envs.base import Observation, StepResult, as_actions, step_info
+from stepcredit.envs.http_server import BOOT_HEADER
 
 _log = logging.getLogger(__name__)
 
@@ -95,6 +102,11 @@ class HttpEnvError(RuntimeError):
     def __init__(self, message: str, status: int | None = None):
         super().__init__(message)
         self.status = status
+
+
+class ServerChangedError(HttpEnvError):
+    """The server answering is not the one that created the instance (it
+    restarted, or another server took its address); the instance is gone."""
 
 
 class ServerConnection:
@@ -194,14 +206,16 @@ class HttpEnv:
         self._steps = 0
         self._score = 0.0
         self._id: int | None = None
+        self._boot: str | None = None  # the creating server's boot id, if it sends one
+        self._gone = ""  # why the instance is gone (the server changed), once it is
         served = (self._request("GET", "/info", idempotent=True)
                   if self.schema.stepcredit_extras else {})
         self.name: str = name or served.get("name", self.schema.name)
         self.max_steps: int = max_steps or int(served.get("max_steps", self.schema.max_steps))
         # Retried like an idempotent request: a create that timed out but succeeded
         # leaves an orphan instance on the server, which beats failing a batch.
-        created = self._request("POST", "/create", json=dict(self.schema.create_body),
-                                idempotent=True)
+        created, self._boot = self._request("POST", "/create", json=dict(self.schema.create_body),
+                                            idempotent=True, with_boot=True)
         created_id = (created.get("id", created.get(self.schema.id_field))
                       if isinstance(created, dict) else created)
         if isinstance(created_id, bool) or not isinstance(created_id, int):
@@ -219,6 +233,8 @@ class HttpEnv:
           RuntimeError: the environment is closed.
         """
         self._check_open("reset")
+        if self._gone:
+            raise ServerChangedError(f"HttpEnv.reset: {self._gone}")
         body = {self.schema.id_field: self._id, self.schema.reset_task_field: task,
                 **self.schema.reset_extra}
         payload = self._request("POST", "/reset", json=body, idempotent=True)
@@ -266,8 +282,8 @@ class HttpEnv:
         if self._closed:
             return
         self._closed = True
-        if not self.schema.has_close:
-            return
+        if not self.schema.has_close or self._gone:
+            return  # a changed server's instance with this id is not ours to close
         try:
             self._request("POST", "/close", json={self.schema.id_field: self._id},
                           idempotent=False, retries=0,
@@ -384,7 +400,8 @@ class HttpEnv:
         time.sleep(delay * random.uniform(0.5, 1.0))
 
     def _request(self, method: str, path: str, *, json: Any = None, idempotent: bool,
-                 retries: int | None = None, timeout: httpx.Timeout | None = None) -> Any:
+                 retries: int | None = None, timeout: httpx.Timeout | None = None,
+                 with_boot: bool = False) -> Any:
         """Sends one request (with retries) and returns its decoded JSON answer.
 
         Args:
@@ -396,21 +413,26 @@ class HttpEnv:
             retried.
           retries: overrides `config.retries`.
           timeout: overrides the configured timeouts.
+          with_boot: return `(payload, boot id)` (None if the server sends none).
 
         Raises:
+          ServerChangedError: the answer came from another server than the one
+            that created the instance; the instance is then gone for good.
           HttpEnvError: the request failed after all retries, the answer was not
             HTTP 200 JSON, or it carried an `error` key.
         """
         url = f"{self._url}{path}"
         params = ({self.schema.id_field: self._id}
                   if method == "GET" and self._id is not None else None)
+        headers = {BOOT_HEADER: self._boot} if self._boot else None
         retries = self.config.retries if retries is None else retries
         attempt = 0
         while True:
             try:
                 with self._connection.semaphore:
                     response = self._connection.client.request(
-                        method, url, json=json, params=params, timeout=timeout or self._timeout)
+                        method, url, json=json, params=params, headers=headers,
+                        timeout=timeout or self._timeout)
             except httpx.RequestError as e:
                 unsent = isinstance(e, (httpx.ConnectError, httpx.ConnectTimeout,
                                         httpx.PoolTimeout))
@@ -420,6 +442,13 @@ class HttpEnv:
                     continue
                 raise HttpEnvError(f"{method} {url} failed after {attempt + 1} attempt(s): "
                                    f"{type(e).__name__}: {e}") from e
+            boot = response.headers.get(BOOT_HEADER)
+            if self._id is not None and (boot != self._boot if boot is not None else
+                                         self._boot is not None and response.status_code == 200):
+                self._gone = (f"{self._url} is not the server that created instance {self._id} "
+                              f"(boot {self._boot}, now {boot}): it restarted or was replaced, "
+                              "and the instance is gone")
+                raise ServerChangedError(f"{method} {url}: {self._gone}", response.status_code)
             if response.status_code >= 500 and attempt < retries and (
                     idempotent or response.status_code == 503):
                 self._backoff(attempt)
@@ -435,4 +464,4 @@ class HttpEnv:
                                    f"{response.text[:200]!r}") from e
             if isinstance(payload, dict) and payload.get("error"):
                 raise HttpEnvError(f"{method} {url}: the server reports: {payload['error']}")
-            return payload
+            return (payload, boot) if with_boot else payload

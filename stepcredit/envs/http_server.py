@@ -20,6 +20,14 @@ truncation too, because AgentGym clients stop only on `done`.
 
 Errors come back as HTTP 200 with `{"error": "..."}`, as the AgentGym servers
 do, including a step on a finished episode (their `_check_id`).
+
+Identity: each start draws a random boot id and a random first instance id, so
+ids (still integers, below 2**53) do not repeat across restarts and an old
+client's id is answered "invalid id" rather than naming another client's
+instance. Every answer carries the boot id in the `X-Stepcredit-Boot` header,
+which AgentGym clients ignore; a request that sends that header with another
+boot id (an `HttpEnv` whose server restarted) is refused with HTTP 409 before
+anything is done.
 """
 
 # No `from __future__ import annotations`: FastAPI reads the route functions'
@@ -31,6 +39,7 @@ import importlib
 import json
 import logging
 import os
+import secrets
 import socket
 import subprocess
 import sys
@@ -50,6 +59,14 @@ EnvFactory = Callable[[], Env]
 # `game`, BabyAI/SciWorld/TextCraft `data_idx`, WebShop `session_id`, SQLGym
 # `item_id`), plus our own `task` for tasks that are not integers.
 _TASK_FIELDS = ("task", "data_idx", "game", "session_id", "item_id")
+
+# The response header naming the server's start (and the request header that
+# names the start a client expects); AgentGym clients ignore unknown headers.
+BOOT_HEADER = "X-Stepcredit-Boot"
+
+# Instance ids stay below 2**53, which every JSON parser holds exactly; a start
+# draws its first id below 2**52, which leaves room for 2**52 creates.
+_ID_SPACE = 2**52
 
 
 class _ProtocolError(Exception):
@@ -78,6 +95,12 @@ def _jsonable(value: Any) -> Any:
     return repr(value)
 
 
+def _short(value: Any, limit: int = 60) -> str:
+    """The repr of `value`, cut to `limit` characters, for quoting in a message."""
+    text = repr(value)
+    return text if len(text) <= limit else f"{text[:limit]}... ({len(text)} characters)"
+
+
 def _observation_fields(obs: Observation) -> dict[str, Any]:
     actions = None if obs.admissible_actions is None else list(obs.admissible_actions)
     return {"available_actions": actions, "anchor": _jsonable(obs.anchor), "task": obs.task}
@@ -86,11 +109,11 @@ def _observation_fields(obs: Observation) -> dict[str, Any]:
 class _EnvHost:
     """A thread-safe table of environment instances and the protocol's operations."""
 
-    def __init__(self, factory: EnvFactory, max_envs: int):
+    def __init__(self, factory: EnvFactory, max_envs: int, first_id: int):
         self._factory = factory
         self._max_envs = max_envs
         self._slots: dict[int, _Slot] = {}
-        self._next_id = 0
+        self._next_id = first_id
         self._lock = threading.Lock()
 
     def __len__(self) -> int:
@@ -177,6 +200,7 @@ def create_app(env_factory: EnvFactory, *, dialect: str = "id", max_envs: int = 
     """
     import fastapi
     from fastapi.concurrency import run_in_threadpool
+    from fastapi.responses import JSONResponse
 
     if dialect not in FAMILIES:
         raise ValueError(f"dialect must be one of {FAMILIES}, got {dialect!r}")
@@ -186,7 +210,10 @@ def create_app(env_factory: EnvFactory, *, dialect: str = "id", max_envs: int = 
     info = {"name": probe.name, "max_steps": int(probe.max_steps), "dialect": dialect}
     probe.close()
 
-    host = _EnvHost(env_factory, max_envs)
+    boot = secrets.token_hex(8)
+    # A random first id per start: a client of an earlier start (which may hold
+    # any id of that start's run) almost surely names no instance of this one.
+    host = _EnvHost(env_factory, max_envs, first_id=secrets.randbelow(_ID_SPACE))
     requests: collections.Counter[str] = collections.Counter()
     id_field = dialect
     obs_key = "observation" if dialect == "id" else "state"
@@ -200,10 +227,21 @@ def create_app(env_factory: EnvFactory, *, dialect: str = "id", max_envs: int = 
                           lifespan=lifespan)
 
     @app.middleware("http")
-    async def count_requests(request, call_next):
+    async def count_and_identify(request, call_next):
         # Middleware runs on the event loop thread, so the counter needs no lock.
         requests[request.url.path] += 1
-        return await call_next(request)
+        expected = request.headers.get(BOOT_HEADER)
+        if expected is not None and expected != boot:
+            _log.warning("%s %s: refused a request for boot %s (this server is boot %s)",
+                         request.method, request.url.path, _short(expected), boot)
+            response = JSONResponse(
+                {"error": f"the request is for server boot {_short(expected)}, but this is boot "
+                          f"{boot}: the server restarted and the instances of that boot are gone"},
+                status_code=409)
+        else:
+            response = await call_next(request)
+        response.headers[BOOT_HEADER] = boot
+        return response
 
     async def answer(request: fastapi.Request, handler: Callable[[dict], Any]) -> Any:
         """Parses the JSON body (or query), runs `handler` on a worker thread so
