@@ -12,7 +12,24 @@ import argparse
 import json
 import sys
 
+from stepcredit.envs import http_server
+
 HELP = "Serve a stepcredit environment over the AgentGym HTTP protocol (FastAPI + uvicorn)."
+
+
+def _number(kind: type, least: float, inclusive: bool = True):
+    """An argparse type: a `kind` number >= `least` (> `least` if not inclusive)."""
+    def parse(text: str):
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected a {kind.__name__}, got {text!r}") from None
+        if value < least or (value == least and not inclusive):
+            raise argparse.ArgumentTypeError(
+                f"must be {'>=' if inclusive else '>'} {least:g}, got {text}")
+        return value
+    parse.__name__ = kind.__name__
+    return parse
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -27,15 +44,30 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--dialect", choices=("id", "env_idx"), default="id",
                         help="AgentGym family to mimic: id (ALFWorld, BabyAI, SciWorld, "
                              "TextCraft) or env_idx (WebShop, SQLGym, SearchQA)")
-    parser.add_argument("--max-envs", type=int, default=1024,
-                        help="most live environment instances")
+    parser.add_argument("--max-envs", type=_number(int, 1), default=1024,
+                        help="most live environment instances; /create beyond it is refused")
+    parser.add_argument("--idle-timeout-s", type=_number(float, 0),
+                        default=http_server.IDLE_TIMEOUT_S,
+                        help="close an instance that no request named for this many seconds, "
+                             "freeing its slot; its id is then answered as expired (0: never)")
+    parser.add_argument("--max-body-bytes", type=_number(int, 1),
+                        default=http_server.MAX_BODY_BYTES,
+                        help="largest request body; a larger one is answered HTTP 413")
+    parser.add_argument("--max-action-chars", type=_number(int, 1),
+                        default=http_server.MAX_ACTION_CHARS,
+                        help="longest action; a longer one is refused without stepping")
+    parser.add_argument("--header-timeout-s", type=_number(float, 0, inclusive=False),
+                        default=http_server.HEADER_TIMEOUT_S,
+                        help="close a connection whose request headers take longer (seconds)")
+    parser.add_argument("--body-timeout-s", type=_number(float, 0, inclusive=False),
+                        default=http_server.BODY_TIMEOUT_S,
+                        help="close a connection whose request body takes longer after its "
+                             "headers, e.g. one that announced more than it sends (seconds)")
     parser.add_argument("--log-level", default="warning", help="uvicorn log level")
 
 
 def run(args: argparse.Namespace) -> int:
     """Serves until interrupted; returns the exit code (2 on a bad argument)."""
-    from stepcredit.envs import http_server
-
     try:
         env_kwargs = json.loads(args.env_kwargs)
         if not isinstance(env_kwargs, dict):
@@ -47,13 +79,17 @@ def run(args: argparse.Namespace) -> int:
     print(f"stepcredit serve: {args.env} ({args.dialect} dialect) on "
           f"http://{args.host}:{args.port}", flush=True)
     http_server.serve(factory, host=args.host, port=args.port, dialect=args.dialect,
-                      max_envs=args.max_envs, log_level=args.log_level)
+                      max_envs=args.max_envs, idle_timeout_s=args.idle_timeout_s,
+                      max_body_bytes=args.max_body_bytes, max_action_chars=args.max_action_chars,
+                      header_timeout_s=args.header_timeout_s, body_timeout_s=args.body_timeout_s,
+                      log_level=args.log_level)
     return 0
 
 
 if __name__ == "__main__":
     # `python -m stepcredit.serve` works without the `stepcredit` entry point
     # (used by http_server.start_server_process).
-    _parser = argparse.ArgumentParser(prog="stepcredit serve", description=HELP)
+    _parser = argparse.ArgumentParser(prog="stepcredit serve", description=HELP,
+                                      formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     add_arguments(_parser)
     sys.exit(run(_parser.parse_args()))

@@ -32,6 +32,7 @@ anything is done.
 
 # No `from __future__ import annotations`: FastAPI reads the route functions'
 # annotations at runtime, and `fastapi` is imported inside `create_app` only.
+import asyncio
 import collections
 import contextlib
 import dataclasses
@@ -69,18 +70,41 @@ BOOT_HEADER = "X-Stepcredit-Boot"
 _ID_SPACE = 2**52
 
 
+# The defaults of the limits (also `stepcredit serve`'s).
+IDLE_TIMEOUT_S = 3600.0
+MAX_BODY_BYTES = 1 << 20
+MAX_ACTION_CHARS = 65536
+HEADER_TIMEOUT_S = 10.0
+BODY_TIMEOUT_S = 30.0
+
+# How many expired ids are remembered, to answer "expired" rather than "invalid id".
+_EXPIRED_MEMORY = 1 << 16
+
+
 class _ProtocolError(Exception):
-    """A request the protocol refuses; answered as `{"error": message}`."""
+    """A client's mistake, which the protocol refuses: answered as `{"error":
+    message}` and logged in one line."""
+
+
+class _TooLarge(_ProtocolError):
+    """A request body over `max_body_bytes`: answered with HTTP 413."""
 
 
 @dataclasses.dataclass
 class _Slot:
-    """One hosted environment instance; `lock` serialises calls on it."""
+    """One hosted environment instance.
+
+    `lock` serialises calls on it; `last_used` (monotonic seconds) is when a
+    request last named it or finished with it; `closed` tells a request that
+    waited for `lock` that the instance was closed or expired meanwhile.
+    """
 
     env: Env
+    last_used: float
     lock: threading.Lock = dataclasses.field(default_factory=threading.Lock)
     observation: Observation | None = None
     finished: bool = False
+    closed: bool = False
 
 
 def _jsonable(value: Any) -> Any:
@@ -97,7 +121,11 @@ def _jsonable(value: Any) -> Any:
 
 def _short(value: Any, limit: int = 60) -> str:
     """The repr of `value`, cut to `limit` characters, for quoting in a message."""
-    text = repr(value)
+    return _clip(repr(value), limit)
+
+
+def _clip(text: str, limit: int = 200) -> str:
+    """`text` cut to `limit` characters, saying how long it was."""
     return text if len(text) <= limit else f"{text[:limit]}... ({len(text)} characters)"
 
 
@@ -107,53 +135,141 @@ def _observation_fields(obs: Observation) -> dict[str, Any]:
 
 
 class _EnvHost:
-    """A thread-safe table of environment instances and the protocol's operations."""
+    """A thread-safe table of environment instances and the protocol's operations.
 
-    def __init__(self, factory: EnvFactory, max_envs: int, first_id: int):
+    Ids run up from `first_id`. An instance no request has named for
+    `idle_timeout_s` (0: never) is closed and its id answered as expired; one
+    that a request is using is never idle.
+    """
+
+    def __init__(self, factory: EnvFactory, max_envs: int, first_id: int,
+                 idle_timeout_s: float):
         self._factory = factory
         self._max_envs = max_envs
+        self._idle_timeout_s = idle_timeout_s
         self._slots: dict[int, _Slot] = {}
+        self._building = 0  # creates under way, counted against max_envs
         self._next_id = first_id
+        self._expired: collections.OrderedDict[int, None] = collections.OrderedDict()
+        self.expired_total = 0
         self._lock = threading.Lock()
 
     def __len__(self) -> int:
         return len(self._slots)
 
     def create(self) -> int:
+        self.expire_idle()
         with self._lock:
-            if len(self._slots) >= self._max_envs:
+            if len(self._slots) + self._building >= self._max_envs:
+                expiry = (f" (idle ones expire after idle_timeout_s={self._idle_timeout_s:g})"
+                          if self._idle_timeout_s > 0 else "")
                 raise _ProtocolError(f"server holds max_envs={self._max_envs} environments; "
-                                     "close some first")
+                                     f"close some first{expiry}")
             idx = self._next_id
             self._next_id += 1
+            self._building += 1
         # Built outside the table lock: constructing an environment may be slow.
-        slot = _Slot(self._factory())
+        try:
+            env = self._factory()
+        except BaseException:
+            with self._lock:
+                self._building -= 1
+            raise
         with self._lock:
-            self._slots[idx] = slot
+            self._building -= 1
+            self._slots[idx] = _Slot(env, last_used=time.monotonic())
         return idx
 
+    def _idle(self, slot: _Slot, now: float) -> bool:
+        return self._idle_timeout_s > 0 and now - slot.last_used > self._idle_timeout_s
+
+    def _retire(self, idx: int, slot: _Slot) -> None:
+        """Removes an expired instance; call with the table lock and `slot.lock` held."""
+        del self._slots[idx]
+        slot.closed = True
+        self._expired[idx] = None
+        while len(self._expired) > _EXPIRED_MEMORY:
+            self._expired.popitem(last=False)
+        self.expired_total += 1
+
+    @staticmethod
+    def _close_env(idx: int, slot: _Slot) -> None:
+        try:
+            slot.env.close()
+        except Exception:  # a broken close must not stop the others
+            _log.exception("closing environment %d failed", idx)
+
+    def expire_idle(self) -> int:
+        """Closes every idle instance; returns how many."""
+        if self._idle_timeout_s <= 0:
+            return 0
+        now, retired = time.monotonic(), []
+        with self._lock:
+            for idx, slot in list(self._slots.items()):
+                # A request holding `slot.lock` is using it: not idle.
+                if self._idle(slot, now) and slot.lock.acquire(blocking=False):
+                    self._retire(idx, slot)
+                    slot.lock.release()
+                    retired.append((idx, slot))
+        for idx, slot in retired:
+            self._close_env(idx, slot)
+        if retired:
+            _log.info("expired %d environment(s) idle for over %g s", len(retired),
+                      self._idle_timeout_s)
+        return len(retired)
+
     def _slot(self, idx: Any) -> _Slot:
+        """The live instance `idx`, marked as used now."""
         if isinstance(idx, bool) or not isinstance(idx, int):
-            raise _ProtocolError(f"the environment id must be an integer, got {idx!r}")
+            raise _ProtocolError(f"the environment id must be an integer, got {_short(idx)}")
+        now = time.monotonic()
         with self._lock:
             slot = self._slots.get(idx)
-        if slot is None:
-            raise _ProtocolError(f"invalid id {idx}: no such environment (never created, "
-                                 "or closed)")
-        return slot
+            if slot is not None and not (self._idle(slot, now)
+                                         and slot.lock.acquire(blocking=False)):
+                slot.last_used = now
+                return slot
+            if slot is not None:  # idle, and no request is using it: it expires now
+                self._retire(idx, slot)
+                slot.lock.release()
+            expired = idx in self._expired
+        if slot is not None:
+            self._close_env(idx, slot)
+        if expired:
+            raise _ProtocolError(f"environment {idx} expired: no request named it for "
+                                 f"idle_timeout_s={self._idle_timeout_s:g}; create a new one")
+        raise _ProtocolError(f"invalid id {idx}: no such environment (never created, "
+                             "or closed)")
+
+    @contextlib.contextmanager
+    def _using(self, idx: int, slot: _Slot):
+        """Holds `slot.lock` for one operation and marks the slot used when it ends."""
+        with slot.lock:
+            if slot.closed:
+                raise _ProtocolError(f"environment {idx} was closed or expired while this "
+                                     "request waited for it")
+            try:
+                yield
+            finally:
+                slot.last_used = time.monotonic()
 
     def reset(self, idx: Any, task: Any) -> Observation:
+        """Resets `idx` on `task`. The environment's ValueError, TypeError or
+        LookupError is taken for a bad task: the client's mistake."""
         slot = self._slot(idx)
-        with slot.lock:
-            slot.observation = slot.env.reset(task)
-            slot.finished = False
-            return slot.observation
+        with self._using(idx, slot):
+            try:
+                observation = slot.env.reset(task)
+            except (ValueError, TypeError, LookupError) as e:
+                raise _ProtocolError(f"{type(e).__name__}: {_clip(str(e))}") from e
+            slot.observation, slot.finished = observation, False
+            return observation
 
     def step(self, idx: Any, action: Any) -> tuple[Observation, float, bool, bool, dict]:
         if not isinstance(action, str):
-            raise _ProtocolError(f"action must be a string, got {action!r}")
+            raise _ProtocolError(f"action must be a string, got {_short(action)}")
         slot = self._slot(idx)
-        with slot.lock:
+        with self._using(idx, slot):
             if slot.observation is None:
                 raise _ProtocolError(f"environment {idx} has not been reset")
             if slot.finished:
@@ -173,18 +289,24 @@ class _EnvHost:
     def close(self, idx: Any) -> None:
         slot = self._slot(idx)
         with self._lock:
-            self._slots.pop(idx, None)
+            if self._slots.get(idx) is slot:
+                del self._slots[idx]
         with slot.lock:
+            if slot.closed:
+                return
+            slot.closed = True
             slot.env.close()
 
     def close_all(self) -> None:
         with self._lock:
-            slots, self._slots = list(self._slots.values()), {}
-        for slot in slots:
-            slot.env.close()
+            slots, self._slots = list(self._slots.items()), {}
+        for idx, slot in slots:
+            self._close_env(idx, slot)
 
 
-def create_app(env_factory: EnvFactory, *, dialect: str = "id", max_envs: int = 1024):
+def create_app(env_factory: EnvFactory, *, dialect: str = "id", max_envs: int = 1024,
+               idle_timeout_s: float = IDLE_TIMEOUT_S, max_body_bytes: int = MAX_BODY_BYTES,
+               max_action_chars: int = MAX_ACTION_CHARS):
     """Builds the FastAPI app that serves `env_factory`'s environments.
 
     Args:
@@ -194,18 +316,35 @@ def create_app(env_factory: EnvFactory, *, dialect: str = "id", max_envs: int = 
         (WebShop, SQLGym, SearchQA): which AgentGym family the server mimics.
       max_envs: the most live instances; `/create` beyond it answers an error
         (WebShop's server silently hands out existing ids instead).
+      idle_timeout_s: an instance no request has named for this long (default
+        an hour) is closed, freeing its slot, and its id is answered as
+        expired; 0 keeps instances until they are closed.
+      max_body_bytes: the largest request body (default 1 MiB); a larger one
+        is answered HTTP 413 without being read further.
+      max_action_chars: the longest action (default 65536 characters); a
+        longer one is refused without stepping.
+
+    Client mistakes (a bad id, body, task or action) are answered `{"error":
+    ...}` and logged in one line; an environment's own failure is answered the
+    same way and logged with its traceback. Messages quote at most a short
+    prefix of a bad value.
 
     Returns:
-      A `fastapi.FastAPI` app; run it with `serve` or any ASGI server.
+      A `fastapi.FastAPI` app; run it with `serve` (which adds header and body
+      read timeouts) or any ASGI server.
     """
     import fastapi
     from fastapi.concurrency import run_in_threadpool
-    from fastapi.responses import JSONResponse
+    from fastapi.responses import JSONResponse, Response
+    from starlette.requests import ClientDisconnect
 
     if dialect not in FAMILIES:
         raise ValueError(f"dialect must be one of {FAMILIES}, got {dialect!r}")
-    if max_envs < 1:
-        raise ValueError(f"max_envs must be >= 1, got {max_envs}")
+    for name, value, least in (("max_envs", max_envs, 1), ("idle_timeout_s", idle_timeout_s, 0),
+                               ("max_body_bytes", max_body_bytes, 1),
+                               ("max_action_chars", max_action_chars, 1)):
+        if value < least:
+            raise ValueError(f"{name} must be >= {least}, got {value}")
     probe = env_factory()
     info = {"name": probe.name, "max_steps": int(probe.max_steps), "dialect": dialect}
     probe.close()
@@ -213,15 +352,27 @@ def create_app(env_factory: EnvFactory, *, dialect: str = "id", max_envs: int = 
     boot = secrets.token_hex(8)
     # A random first id per start: a client of an earlier start (which may hold
     # any id of that start's run) almost surely names no instance of this one.
-    host = _EnvHost(env_factory, max_envs, first_id=secrets.randbelow(_ID_SPACE))
+    host = _EnvHost(env_factory, max_envs, first_id=secrets.randbelow(_ID_SPACE),
+                    idle_timeout_s=idle_timeout_s)
     requests: collections.Counter[str] = collections.Counter()
     id_field = dialect
     obs_key = "observation" if dialect == "id" else "state"
 
+    async def expire_idle_instances():
+        # Frees idle instances' resources even when no create comes to sweep them.
+        while True:
+            await asyncio.sleep(min(60.0, max(0.05, idle_timeout_s / 4)))
+            await run_in_threadpool(host.expire_idle)
+
     @contextlib.asynccontextmanager
     async def lifespan(app):
-        yield
-        host.close_all()
+        sweeper = asyncio.create_task(expire_idle_instances()) if idle_timeout_s > 0 else None
+        try:
+            yield
+        finally:
+            if sweeper is not None:
+                sweeper.cancel()
+            host.close_all()
 
     app = fastapi.FastAPI(title=f"stepcredit {info['name']} ({dialect} dialect)",
                           lifespan=lifespan)
@@ -243,25 +394,52 @@ def create_app(env_factory: EnvFactory, *, dialect: str = "id", max_envs: int = 
         response.headers[BOOT_HEADER] = boot
         return response
 
+    async def read_body(request: fastapi.Request) -> bytes:
+        """The request body, refused beyond `max_body_bytes` without reading on."""
+        declared = request.headers.get("content-length", "")
+        if declared.isdigit() and int(declared) > max_body_bytes:
+            raise _TooLarge(f"the request body has {int(declared)} bytes; the limit is "
+                            f"max_body_bytes={max_body_bytes}")
+        raw = bytearray()
+        async for chunk in request.stream():
+            raw += chunk
+            if len(raw) > max_body_bytes:
+                raise _TooLarge(f"the request body has over {max_body_bytes} bytes; the limit "
+                                f"is max_body_bytes={max_body_bytes}")
+        return bytes(raw)
+
+    def mistake(request: fastapi.Request, error: Exception) -> None:
+        client = f"{request.client.host}:{request.client.port}" if request.client else "?"
+        _log.warning("%s %s from %s: %s", request.method, request.url.path, client,
+                     str(error).replace("\n", " "))
+
     async def answer(request: fastapi.Request, handler: Callable[[dict], Any]) -> Any:
         """Parses the JSON body (or query), runs `handler` on a worker thread so
         that slow environments do not block the event loop, and turns every
-        failure into `{"error": ...}` with status 200."""
+        failure into `{"error": ...}`: with status 200, or 413 for a body over
+        the limit (then the connection is closed, as the rest is unread)."""
         try:
-            raw = await request.body()
-            body = json.loads(raw) if raw.strip() else {}
+            raw = await read_body(request)
+            try:
+                body = json.loads(raw) if raw.strip() else {}
+            except (json.JSONDecodeError, UnicodeDecodeError) as e:
+                raise _ProtocolError(f"the request body is not JSON: {_clip(str(e))}") from None
             if not isinstance(body, dict):
-                raise _ProtocolError(f"the request body must be a JSON object, got {raw[:80]!r}")
+                raise _ProtocolError(f"the request body must be a JSON object, got {_short(raw)}")
             for key, value in request.query_params.items():
                 body.setdefault(key, int(value) if value.lstrip("-").isdigit() else value)
             return await run_in_threadpool(handler, body)
+        except _TooLarge as e:
+            mistake(request, e)
+            return JSONResponse({"error": str(e)}, status_code=413, headers={"Connection": "close"})
         except _ProtocolError as e:
+            mistake(request, e)
             return {"error": str(e)}
-        except json.JSONDecodeError as e:
-            return {"error": f"the request body is not JSON: {e}"}
+        except ClientDisconnect:  # e.g. closed by the body read timeout; nobody reads this
+            return Response(status_code=400)
         except Exception as e:  # an environment's own failure: report it, keep serving
-            _log.exception("%s failed", request.url.path)
-            return {"error": f"{type(e).__name__}: {e}"}
+            _log.exception("%s %s failed", request.method, request.url.path)
+            return {"error": _clip(f"{type(e).__name__}: {e}")}
 
     def task_of(body: dict) -> Any:
         for field in _TASK_FIELDS:
@@ -283,6 +461,10 @@ def create_app(env_factory: EnvFactory, *, dialect: str = "id", max_envs: int = 
         return [obs.text, _observation_fields(obs)]
 
     def do_step(body: dict) -> Any:
+        action = body.get("action")
+        if isinstance(action, str) and len(action) > max_action_chars:
+            raise _ProtocolError(f"action is {len(action)} characters; the limit is "
+                                 f"max_action_chars={max_action_chars}")
         obs, reward, done, truncated, step_info = host.step(body.get(id_field), body.get("action"))
         return {obs_key: obs.text, "reward": reward, "done": done or truncated,
                 "truncated": truncated, "info": _jsonable(step_info), **_observation_fields(obs)}
@@ -322,7 +504,8 @@ def create_app(env_factory: EnvFactory, *, dialect: str = "id", max_envs: int = 
 
     @app.get("/stats")
     async def stats():
-        return {"envs": len(host), "requests": dict(requests)}
+        return {"envs": len(host), "expired": host.expired_total, "boot": boot,
+                "requests": dict(requests)}
 
     return app
 
@@ -361,8 +544,69 @@ def resolve_env_factory(spec: str, env_kwargs: Mapping[str, Any] | None = None) 
     return lambda: registry.make(spec, **kwargs)
 
 
+def _timed_protocol(header_timeout_s: float, body_timeout_s: float) -> type:
+    """uvicorn's h11 protocol with read deadlines, which uvicorn lacks.
+
+    A connection is closed (and one line logged) when a request's headers do
+    not arrive within `header_timeout_s` of the connection's start or of their
+    first byte, or its body within `body_timeout_s` of its headers. Between
+    requests, uvicorn's keep-alive timeout closes idle connections.
+    """
+    import h11
+    from uvicorn.protocols.http.h11_impl import H11Protocol
+
+    class TimedH11Protocol(H11Protocol):
+        _phase: str | None = None
+        _timer: Any = None
+
+        def connection_made(self, transport) -> None:
+            super().connection_made(transport)
+            self._watch(headers=True)
+
+        def data_received(self, data: bytes) -> None:
+            super().data_received(data)
+            self._watch(headers=True)
+
+        def on_response_complete(self) -> None:
+            super().on_response_complete()
+            self._watch(headers=False)  # idle between requests: keep-alive's business
+
+        def connection_lost(self, exc) -> None:
+            self._arm(None)
+            super().connection_lost(exc)
+
+        def _watch(self, headers: bool) -> None:
+            state = self.conn.their_state
+            self._arm("body" if state is h11.SEND_BODY else
+                      "headers" if state is h11.IDLE and headers else None)
+
+        def _arm(self, phase: str | None) -> None:
+            if phase == self._phase:
+                return
+            if self._timer is not None:
+                self._timer.cancel()
+                self._timer = None
+            self._phase = phase
+            if phase is not None:
+                limit = header_timeout_s if phase == "headers" else body_timeout_s
+                self._timer = self.loop.call_later(limit, self._cut_off, phase, limit)
+
+        def _cut_off(self, phase: str, limit: float) -> None:
+            self._timer = None
+            if not self.transport.is_closing():
+                peer = "%s:%d" % self.client if self.client else "?"
+                _log.warning("closed the connection from %s: its request %s did not arrive "
+                             "within %g s", peer, phase, limit)
+                self.transport.close()
+
+    return TimedH11Protocol
+
+
 def serve(env_factory: EnvFactory, *, host: str = "127.0.0.1", port: int = 8000,
-          dialect: str = "id", max_envs: int = 1024, log_level: str = "warning") -> None:
+          dialect: str = "id", max_envs: int = 1024, idle_timeout_s: float = IDLE_TIMEOUT_S,
+          max_body_bytes: int = MAX_BODY_BYTES, max_action_chars: int = MAX_ACTION_CHARS,
+          header_timeout_s: float = HEADER_TIMEOUT_S, body_timeout_s: float = BODY_TIMEOUT_S,
+          log_level: str = "warning") -> None:
     """Serves `env_factory`'s environments until interrupted (blocks).
 
     Args:
@@ -370,13 +614,24 @@ def serve(env_factory: EnvFactory, *, host: str = "127.0.0.1", port: int = 8000,
       host: the interface to bind; 0.0.0.0 exposes the server to the network.
       port: the TCP port (AgentGym's servers default to 8000).
       dialect: "id" or "env_idx", see `create_app`.
-      max_envs: see `create_app`.
+      max_envs, idle_timeout_s, max_body_bytes, max_action_chars: see `create_app`.
+      header_timeout_s: a connection whose request headers take longer (from
+        its start or their first byte) is closed; default 10 s.
+      body_timeout_s: a connection whose request body takes longer after its
+        headers (e.g. it announced more than it sends) is closed; default 30 s.
       log_level: uvicorn's log level.
     """
     import uvicorn
 
-    app = create_app(env_factory, dialect=dialect, max_envs=max_envs)
-    uvicorn.run(app, host=host, port=port, log_level=log_level)
+    for name, value in (("header_timeout_s", header_timeout_s),
+                        ("body_timeout_s", body_timeout_s)):
+        if value <= 0:
+            raise ValueError(f"{name} must be > 0, got {value}")
+    app = create_app(env_factory, dialect=dialect, max_envs=max_envs,
+                     idle_timeout_s=idle_timeout_s, max_body_bytes=max_body_bytes,
+                     max_action_chars=max_action_chars)
+    uvicorn.run(app, host=host, port=port, log_level=log_level,
+                http=_timed_protocol(header_timeout_s, body_timeout_s))
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -428,8 +683,8 @@ class ServerProcess:
 
 def start_server_process(env: str, *, env_kwargs: Mapping[str, Any] | None = None,
                          dialect: str = "id", host: str = "127.0.0.1", port: int | None = None,
-                         pythonpath: Sequence[str] = (), ready_timeout_s: float = 30.0,
-                         attempts: int = 3) -> ServerProcess:
+                         pythonpath: Sequence[str] = (), options: Sequence[str] = (),
+                         ready_timeout_s: float = 30.0, attempts: int = 3) -> ServerProcess:
     """Starts `python -m stepcredit.serve` in a subprocess and waits until it answers.
 
     Args:
@@ -440,6 +695,7 @@ def start_server_process(env: str, *, env_kwargs: Mapping[str, Any] | None = Non
       port: the port; None picks a free one (retried on a lost race).
       pythonpath: directories prepended to the child's PYTHONPATH, where a
         "module:callable" spec lives (e.g. a test directory).
+      options: further `stepcredit serve` options, e.g. `("--idle-timeout-s", "60")`.
       ready_timeout_s: how long to wait for `GET /info` to answer.
       attempts: how many free ports to try when `port` is None.
 
@@ -462,7 +718,7 @@ def start_server_process(env: str, *, env_kwargs: Mapping[str, Any] | None = Non
         log = tempfile.TemporaryFile()
         cmd = [sys.executable, "-m", "stepcredit.serve", "--env", env,
                "--env-kwargs", json.dumps(dict(env_kwargs or {})), "--dialect", dialect,
-               "--host", host, "--port", str(chosen)]
+               "--host", host, "--port", str(chosen), *options]
         server = ServerProcess(subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=log,
                                                 env=child_env), f"http://{host}:{chosen}", log)
         deadline = time.monotonic() + ready_timeout_s
