@@ -138,7 +138,16 @@ class CollateStats(NamedTuple):
     truncated_by_tokens: int
 
 
-def _check_step(i: int, t: int, step: StepRecord) -> None:
+def _finite_in(dtype: Any, x: float) -> bool:
+    """Whether `x` is finite in `dtype`: not NaN and of magnitude at most the dtype's largest."""
+    return bool(abs(float(x)) <= float(np.finfo(dtype).max))
+
+
+def _not_finite(where: str, name: str, x: float, dtype: Any) -> str:
+    return f"{where}: {name} is {float(x)!r}; it is not finite in {np.dtype(dtype).name}"
+
+
+def _check_step(i: int, t: int, step: StepRecord, dtype: Any) -> None:
     where = f"collate: trajectories[{i}].steps[{t}]"
     if len(step.action_ids) == 0:
         raise ValueError(f"{where}: action_ids is empty; every step has at least one action token")
@@ -148,8 +157,10 @@ def _check_step(i: int, t: int, step: StepRecord) -> None:
     if step.action_entropy is not None and len(step.action_entropy) != len(step.action_ids):
         raise ValueError(f"{where}: action_entropy has length {len(step.action_entropy)} but "
                          f"action_ids has length {len(step.action_ids)}")
-    if not np.isfinite(step.reward):
-        raise ValueError(f"{where}: reward is {step.reward}; it must be finite")
+    for name in ("reward", "value"):
+        x = getattr(step, name)
+        if x is not None and not _finite_in(dtype, x):
+            raise ValueError(_not_finite(where, name, x, dtype))
     if step.done and step.truncated:
         raise ValueError(f"{where}: done and truncated are both set; a step ends an episode one way")
 
@@ -181,6 +192,9 @@ def collate(trajectories: Sequence[Trajectory], *, max_steps: int | None = None,
     none was recorded), its score becomes the sum of its kept rewards, and the
     cut is counted in the returned `CollateStats`.
 
+    Rewards, values, scores and bootstrap values must be finite in `dtype`
+    (for float32: NaN, infinities and magnitudes above about 3.4e38 raise).
+
     Args:
       trajectories: the episodes, each with at least one step.
       max_steps: T, or None for the longest trajectory.
@@ -206,7 +220,11 @@ def collate(trajectories: Sequence[Trajectory], *, max_steps: int | None = None,
         if not steps:
             raise ValueError(f"collate: trajectories[{i}] has no steps")
         for t, step in enumerate(steps):
-            _check_step(i, t, step)
+            _check_step(i, t, step, dtype)
+        for name in ("score", "bootstrap_value"):
+            x = getattr(trajectory, name)
+            if x is not None and not _finite_in(dtype, x):
+                raise ValueError(_not_finite(f"collate: trajectories[{i}]", name, x, dtype))
         length = len(steps)
         if max_steps is not None and length > max_steps:
             if not truncate:

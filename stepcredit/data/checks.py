@@ -6,6 +6,11 @@ batch of rows to the schema's types (`stepcredit.data.schema.ARROW_SCHEMA`);
 each whole trajectory of a batch, and `check_reappearance` with a `SeenIds`
 that no trajectory (or group) comes back after its rows ended.
 
+The numbers credit reads (`FLOAT32_FIELDS`: rewards, values, scores,
+entropies) must be finite in float32, the precision of the estimators'
+outputs: a magnitude above `FLOAT32_MAX` (about 3.4e38), NaN or an infinity is
+rejected where the rows enter, before any cast.
+
 Every bad record raises `RecordError`, naming the row (0-based, counting
 records from the start of the source) and the field.
 """
@@ -18,6 +23,16 @@ import pyarrow.compute as pc
 
 from stepcredit.data import schema
 from stepcredit.keys import stable_keys
+
+
+FLOAT32_MAX = float(np.finfo(np.float32).max)
+"""The largest finite float32, about 3.4028235e+38."""
+
+FLOAT32_FIELDS = ("reward", "value", "score", "bootstrap_value", "entropy", "response_entropies",
+                  "response_values")
+"""The number fields that must be finite in float32 (list fields: every element)."""
+
+_NOT_FINITE = "is not finite in float32"
 
 
 class RecordError(ValueError):
@@ -66,8 +81,9 @@ def canonical_records(records: list[dict], start: int) -> pa.Table:
       start: the source row of `records[0]`, for error messages.
 
     Raises:
-      RecordError: the first record with a missing required field or a value
-        of the wrong type, naming its row and field.
+      RecordError: the first record with a missing required field, a value
+        of the wrong type or a number not finite in float32 (`check_float32`),
+        naming its row and field.
     """
     rows = []
     for offset, record in enumerate(records):
@@ -87,9 +103,11 @@ def canonical_records(records: list[dict], start: int) -> pa.Table:
             inferred = pa.array([row[name] for row in rows])  # inferred first: no silent truncation
             if not _arrow_type_ok(schema.KIND[name], inferred.type):
                 raise TypeError(inferred.type)
-            columns.append(inferred.cast(target))
         except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError, OverflowError) as error:
             _raise_first_bad(records, name, start, error)
+        if name in FLOAT32_FIELDS:
+            check_float32(inferred, name, start)
+        columns.append(inferred.cast(target))
     return pa.Table.from_arrays(columns, schema=schema.ARROW_SCHEMA)
 
 
@@ -100,6 +118,10 @@ def _raise_first_bad(records: list[dict], name: str, start: int, error: Exceptio
         if value is not None and not _value_ok(kind, value):
             raise RecordError(start + offset, name, f"has {type(value).__name__} {_short(value)}; "
                               f"it must be {_EXPECTED[kind]}") from None
+        if kind in ("float", "float_list") and value is not None:
+            for number in value if isinstance(value, list) else [value]:
+                if isinstance(number, int) and abs(number) > FLOAT32_MAX:  # too big even for int64
+                    raise RecordError(start + offset, name, f"{number:.7g} {_NOT_FINITE}") from None
     raise RecordError(start, name, f"rows {start}..{start + len(records) - 1} do not fit "
                       f"{schema.ARROW_SCHEMA.field(name).type}: {error}") from None
 
@@ -134,6 +156,42 @@ def _first(mask) -> int:
     return int(np.flatnonzero(np.asarray(mask))[0])
 
 
+def check_float32(array: pa.Array | pa.ChunkedArray, name: str, start: int) -> None:
+    """Checks that every number of a column (every element, for a list column) is finite in float32.
+
+    Finite in float32: not NaN, not infinite, and of magnitude at most
+    `FLOAT32_MAX`. Nulls, and columns that hold no floating-point numbers
+    (integers always fit), pass.
+
+    Args:
+      array: the column's values as read, before any cast (a cast to float32
+        would turn 1e39 into inf).
+      name: the field, for the message.
+      start: the source row of the column's first value.
+
+    Raises:
+      RecordError: the first row holding such a number, e.g.
+        "row 12, field 'reward': 1e+39 is not finite in float32".
+    """
+    if isinstance(array, pa.ChunkedArray):
+        array = array.combine_chunks()
+    rows = None
+    if pa.types.is_list(array.type) or pa.types.is_large_list(array.type):
+        rows = pc.list_parent_indices(array).to_numpy(zero_copy_only=False)
+        array = pc.list_flatten(array)
+    if not pa.types.is_floating(array.type) or len(array) == 0:
+        return
+    values = array.to_numpy(zero_copy_only=False).astype(np.float64)
+    valid = array.is_valid().to_numpy(zero_copy_only=False)
+    bad = valid & ~(np.abs(np.where(valid, values, 0.0)) <= FLOAT32_MAX)  # NaN compares false
+    if bad.any():
+        k = _first(bad)
+        value = float(values[k])
+        hint = f" (the float32 maximum is {FLOAT32_MAX:.8g})" if np.isfinite(value) else ""
+        raise RecordError(start + int(k if rows is None else rows[k]), name,
+                          f"{value!r} {_NOT_FINITE}{hint}")
+
+
 def canonical_table(table: pa.Table, start: int) -> pa.Table:
     """An Arrow batch cast to the schema (`schema.ARROW_SCHEMA`), in row order.
 
@@ -144,8 +202,9 @@ def canonical_table(table: pa.Table, start: int) -> pa.Table:
       start: the source row of the table's first row, for error messages.
 
     Raises:
-      RecordError: a missing required column (at row `start`), or a column of a
-        type that does not fit the field, naming the first row holding a value.
+      RecordError: a missing required column (at row `start`), a column of a
+        type that does not fit the field (naming the first row holding a
+        value), or a number not finite in float32 (`check_float32`).
     """
     columns = []
     for name in schema.FIELDS:
@@ -161,6 +220,8 @@ def canonical_table(table: pa.Table, start: int) -> pa.Table:
             row = start + (_first(valid) if valid.any() else 0)
             raise RecordError(row, name, f"has type {column.type}; it must be "
                               f"{_EXPECTED[schema.KIND[name]]}")
+        if name in FLOAT32_FIELDS:
+            check_float32(column, name, start)
         try:
             columns.append(column.cast(target))
         except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as error:
@@ -173,8 +234,9 @@ def check_values(table: pa.Table, start: int) -> None:
     """Checks each row of a canonical table on its own (no other row needed).
 
     Required fields are not null, `step_index >= 0`, `response_ids` is not
-    empty and the per-token lists have its length, numbers are finite, and
-    `done` and `truncated` are not both true.
+    empty and the per-token lists have its length, and `done` and `truncated`
+    are not both true. (Numbers were checked finite in float32 by
+    `canonical_records` and `canonical_table`, before their cast.)
 
     Args:
       table: a batch in the schema's types (`canonical_records`, `canonical_table`).
@@ -203,13 +265,6 @@ def check_values(table: pa.Table, start: int) -> None:
             row = _first(bad)
             raise RecordError(start + row, name, f"has length {int(other[row])} but response_ids "
                               f"has length {int(lengths[row])}; they must be equal")
-    for name in ("reward", "value", "score", "bootstrap_value", "entropy"):
-        values = table.column(name).to_numpy(zero_copy_only=False).astype(np.float64)
-        valid = table.column(name).is_valid().to_numpy(zero_copy_only=False)
-        bad = valid & ~np.isfinite(np.where(valid, values, 0.0))
-        if bad.any():
-            row = _first(bad)
-            raise RecordError(start + row, name, f"is {values[row]}; it must be finite")
     both = (table.column("done").to_numpy(zero_copy_only=False)
             & table.column("truncated").to_numpy(zero_copy_only=False))
     if both.any():

@@ -76,10 +76,11 @@ def iter_batches(source, *, by: By = "trajectory", batch_rows: int = BATCH_ROWS)
       `LogBatch`, in source order, covering every row once.
 
     Raises:
-      RecordError: a missing field, a wrong type, a null required field, a
-        step index gap or duplicate, a trajectory split across groups, or a
-        trajectory (or group) whose rows are not contiguous; naming the row
-        and the field.
+      RecordError: a missing field, a wrong type, a number not finite in
+        float32, a null required field, a step index gap or duplicate, a
+        trajectory split across groups, or a trajectory (or group) whose rows
+        are not contiguous; naming the row and the field. A JSONL line that
+        is not UTF-8 or not JSON is named by its line number too.
     """
     if by not in ("trajectory", "group"):
         raise ValueError(f"iter_batches: by={by!r}; it must be 'trajectory' or 'group'")

@@ -1,0 +1,121 @@
+"""Nothing lost, nobody confused: magnitudes beyond float32, killed runs, modes, encodings, empty logs."""
+
+import argparse
+import hashlib
+import json
+import os
+import re
+import signal
+import socket
+import stat
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from stepcredit import credit_cli
+from stepcredit.batch import StepRecord, Trajectory, collate
+from stepcredit.data import RecordError, save_trajectories, validate
+from stepcredit.data.offline import compute_credit
+
+
+def _row(trajectory="a", step=0, group="g", **extra):
+    row = {"trajectory_id": trajectory, "group_id": group, "step_index": step, "prompt_ids": [1],
+           "response_ids": [5, 6], "response_logprobs": [-0.5, -0.25], "reward": 0.0,
+           "done": False, "truncated": False}
+    row.update(extra)
+    return row
+
+
+def _write_log(path, rows):
+    path = str(path)
+    if path.endswith(".parquet"):
+        pq.write_table(pa.Table.from_pylist(rows), path)
+    else:
+        with open(path, "w") as handle:
+            handle.writelines(json.dumps(row) + "\n" for row in rows)
+    return path
+
+
+def _rows(path):
+    if path.endswith(".parquet"):
+        return pq.read_table(path).to_pylist()
+    with open(path) as handle:
+        return [json.loads(line) for line in handle]
+
+
+def _digest(path):
+    with open(path, "rb") as handle:
+        return hashlib.sha256(handle.read()).hexdigest()
+
+
+def _small_log(tmp_path, name="small.jsonl", scale=1.0, seed=0):
+    """Three groups of three two-step trajectories, rewards and values of about `scale`."""
+    rng = np.random.default_rng(seed)
+    rows = []
+    for t in range(9):
+        for s in range(2):
+            rows.append(_row(f"t{t}", s, f"g{t // 3}", reward=float(rng.normal()) * scale,
+                             value=float(rng.normal()) * scale, done=s == 1))
+    return _write_log(tmp_path / name, rows)
+
+
+# ------------------------------------------------------------ magnitudes at entry
+
+# field values of the second row (the last step), and how the message shows them
+BEYOND_FLOAT32 = {
+    "reward 1e39": ({"reward": 1e39}, "reward", "1e+39"),
+    "reward 1e200": ({"reward": 1e200}, "reward", "1e+200"),
+    "reward -inf": ({"reward": float("-inf")}, "reward", "-inf"),
+    "value": ({"value": -5e38}, "value", "-5e+38"),
+    "score": ({"score": 4e38}, "score", "4e+38"),
+    "bootstrap_value": ({"bootstrap_value": 1e39, "truncated": True}, "bootstrap_value", "1e+39"),
+    "entropy": ({"entropy": 1e39}, "entropy", "1e+39"),
+    "response_values": ({"response_values": [0.5, 1e39]}, "response_values", "1e+39"),
+    "response_entropies nan": ({"response_entropies": [0.0, float("nan")]}, "response_entropies", "nan"),
+}
+
+
+@pytest.mark.parametrize("ext", ["jsonl", "parquet"])
+@pytest.mark.parametrize("case", sorted(BEYOND_FLOAT32))
+def test_numbers_not_finite_in_float32_are_rejected_naming_row_and_field(tmp_path, ext, case):
+    extra, field, shown = BEYOND_FLOAT32[case]
+    first = {name: ([0.0, 0.0] if isinstance(value, list) else None) for name, value in extra.items()
+             if name not in ("reward", "truncated")}
+    rows = [_row(step=0, **first), _row(step=1, **extra)]
+    path = _write_log(tmp_path / f"big.{ext}", rows)
+    with pytest.raises(RecordError) as error:
+        validate(path)
+    assert (error.value.row, error.value.field) == (1, field), str(error.value)
+    assert f"row 1, field {field!r}: {shown} is not finite in float32" in str(error.value)
+    with pytest.raises(RecordError, match=f"row 1, field '{field}'"):
+        compute_credit(path, str(tmp_path / "out.parquet"), "grpo", progress=False)
+    assert not os.path.exists(tmp_path / "out.parquet")
+
+
+def test_float32_maximum_itself_is_accepted(tmp_path):
+    biggest = float(np.finfo(np.float32).max)
+    rows = [_row(reward=biggest), _row(step=1, reward=-biggest)]
+    assert validate(_write_log(tmp_path / "max.jsonl", rows)).rows == 2
+
+
+@pytest.mark.parametrize("field, value", [("reward", 1e39), ("value", -1e39), ("reward", float("inf"))])
+def test_collate_rejects_host_records_not_finite_in_its_dtype(field, value):
+    step = StepRecord([1], [2], [-0.1], **{"reward": 0.0, field: value})
+    with pytest.raises(ValueError, match=rf"trajectories\[0\]\.steps\[0\]: {field} is .* not finite "
+                                         rf"in float32"):
+        collate([Trajectory(steps=[step])])
+    if np.isfinite(value):  # the limit is the dtype's
+        collate([Trajectory(steps=[step])], dtype=np.float64)
+
+
+@pytest.mark.parametrize("attribute", ["score", "bootstrap_value"])
+def test_collate_rejects_trajectory_numbers_not_finite_in_float32(attribute):
+    step = StepRecord([1], [2], [-0.1], 0.0, truncated=True)
+    with pytest.raises(ValueError, match=rf"trajectories\[0\]: {attribute} is 1e\+39; it is not "
+                                         rf"finite in float32"):
+        collate([Trajectory(steps=[step], **{attribute: 1e39})])
