@@ -5,7 +5,9 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import tempfile
+import re
+import secrets
+import socket
 from typing import Iterator, Literal, Sequence
 
 import pyarrow as pa
@@ -13,18 +15,80 @@ import pyarrow as pa
 OutputFormat = Literal["jsonl", "parquet"]
 
 
+def _host() -> str:
+    """This machine's name, with '_' for every character other than [A-Za-z0-9.]."""
+    return re.sub(r"[^A-Za-z0-9.]", "_", socket.gethostname()) or "_"
+
+
+def _temporary_name(path: str) -> re.Pattern:
+    """The names of `path`'s temporary files: `.NAME.tmp-HOST-PID-RANDOM` (8 hex digits)."""
+    return re.compile(rf"\.{re.escape(os.path.basename(path))}\.tmp-(?P<host>[A-Za-z0-9._]+)"
+                      rf"-(?P<pid>[0-9]+)-[0-9a-f]{{8}}")
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except (PermissionError, OverflowError):  # another user's process; no pid of this system
+        return True
+    return True
+
+
+def remove_stale_temporaries(path: str) -> list[str]:
+    """Removes the temporary files that killed runs of `atomic_path(path)` left behind.
+
+    A temporary file of `path` is named `.NAME.tmp-HOST-PID-RANDOM` beside it
+    (NAME: `path`'s file name); it is stale when HOST is this machine and no
+    process PID is running. Files of other machines (a shared folder), of
+    running processes and of other names are left alone. Nothing is done
+    outside POSIX systems.
+
+    Returns:
+      The paths removed.
+    """
+    if os.name != "posix":
+        return []
+    path = os.fspath(path)
+    directory = os.path.dirname(os.path.abspath(path))
+    pattern, host = _temporary_name(path), _host()
+    try:
+        names = os.listdir(directory)
+    except OSError:
+        return []
+    removed = []
+    for name in names:
+        match = pattern.fullmatch(name)
+        if match is None or match["host"] != host or _alive(int(match["pid"])):
+            continue
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(os.path.join(directory, name))
+            removed.append(os.path.join(directory, name))
+    return removed
+
+
 @contextlib.contextmanager
 def atomic_path(path: str) -> Iterator[str]:
     """Yields a temporary path beside `path`; on success fsyncs it and renames it to `path`.
 
-    On any exception the temporary file is removed and `path` (if it existed)
-    is left as it was.
+    The temporary file is `.NAME.tmp-HOST-PID-RANDOM` in `path`'s folder,
+    created with the mode of a new file (0o666 minus the umask), which `path`
+    keeps. On any exception it is removed and `path` (if it existed) is left as
+    it was; a killed process leaves it behind, and the next `atomic_path` on
+    the same `path` removes it (`remove_stale_temporaries`).
     """
     path = os.fspath(path)
     directory = os.path.dirname(os.path.abspath(path))
-    handle, temporary = tempfile.mkstemp(dir=directory, prefix=f".{os.path.basename(path)}.",
-                                         suffix=".tmp")
-    os.close(handle)
+    remove_stale_temporaries(path)
+    prefix = os.path.join(directory, f".{os.path.basename(path)}.tmp-{_host()}-{os.getpid()}-")
+    while True:
+        temporary = prefix + secrets.token_hex(4)
+        try:
+            os.close(os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666))
+            break
+        except FileExistsError:
+            continue
     try:
         yield temporary
         with open(temporary, "rb+") as written:

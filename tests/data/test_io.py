@@ -62,7 +62,7 @@ def test_round_trip_is_lossless(tmp_path, ext):
     rows = save_trajectories(trajectories, str(path), batch_rows=4)
     assert rows == sum(len(t.steps) for t in trajectories)
     assert_same(trajectories, load_trajectories(str(path), batch_rows=3))
-    assert not [p for p in os.listdir(tmp_path) if p.endswith(".tmp")]
+    assert not [p for p in os.listdir(tmp_path) if ".tmp" in p]
 
 
 def test_dataset_and_folder_sources(tmp_path):

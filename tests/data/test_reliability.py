@@ -119,3 +119,106 @@ def test_collate_rejects_trajectory_numbers_not_finite_in_float32(attribute):
     with pytest.raises(ValueError, match=rf"trajectories\[0\]: {attribute} is 1e\+39; it is not "
                                          rf"finite in float32"):
         collate([Trajectory(steps=[step], **{attribute: 1e39})])
+
+
+# ------------------------------------------------------------ temporary files, modes
+
+
+def _temporary(output, pid, random="deadbeef"):
+    """A temporary file's name: .OUTPUT.tmp-HOST-PID-RANDOM (HOST with '_' for other than [A-Za-z0-9.])."""
+    host = re.sub(r"[^A-Za-z0-9.]", "_", socket.gethostname())
+    return os.path.join(os.path.dirname(output), f".{os.path.basename(output)}.tmp-{host}-{pid}-{random}")
+
+
+def _dead_pid():
+    process = subprocess.Popen([sys.executable, "-c", "pass"])
+    process.wait()
+    return process.pid
+
+
+def test_stale_temporary_files_of_dead_runs_are_removed_at_the_next_run(tmp_path):
+    log = _small_log(tmp_path)
+    output = str(tmp_path / "out.jsonl")
+    alive = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        stale = _temporary(output, _dead_pid())
+        kept = [_temporary(output, alive.pid), _temporary(output, os.getpid(), "0123abcd"),
+                _temporary(str(tmp_path / "other.jsonl"), _dead_pid()),
+                str(tmp_path / ".out.jsonl.tmp-notapid"), str(tmp_path / ".out.jsonl.notes")]
+        for path in [stale] + kept:
+            with open(path, "w") as handle:
+                handle.write("partial")
+        compute_credit(log, output, "grpo", progress=False)
+        assert not os.path.exists(stale)
+        assert all(os.path.exists(path) for path in kept)
+        assert len(_rows(output)) == 18
+    finally:
+        alive.kill()
+        alive.wait()
+
+
+@pytest.mark.parametrize("umask", [0o022, 0o027, 0o002])
+@pytest.mark.parametrize("ext", ["jsonl", "parquet"])
+def test_outputs_get_the_mode_of_the_umask(tmp_path, umask, ext):
+    log = _small_log(tmp_path)
+    previous = os.umask(umask)
+    try:
+        output = str(tmp_path / f"out.{ext}")
+        compute_credit(log, output, "grpo", progress=False)
+        saved = str(tmp_path / f"saved.{ext}")
+        save_trajectories([Trajectory(steps=[StepRecord([1], [2], [-0.1], 1.0, done=True)])], saved)
+    finally:
+        os.umask(previous)
+    for path in (output, saved):
+        assert stat.S_IMODE(os.stat(path).st_mode) == 0o666 & ~umask, path
+
+
+def _cli_command():
+    script = os.path.join(os.path.dirname(sys.executable), "stepcredit")
+    return [script] if os.path.exists(script) else [sys.executable, "-m", "stepcredit.cli"]
+
+
+def test_killed_run_keeps_the_previous_output_and_the_next_run_cleans_up(tmp_path):
+    rng = np.random.default_rng(0)
+    count = 6000
+    table = pa.table({
+        "trajectory_id": [f"t{i // 2}" for i in range(count)],
+        "group_id": [f"g{i // 8}" for i in range(count)],
+        "step_index": [i % 2 for i in range(count)],
+        "prompt_ids": pa.array([list(range(400))] * count, pa.list_(pa.int32())),
+        "response_ids": pa.array([[5, 6]] * count, pa.list_(pa.int32())),
+        "response_logprobs": pa.array([[-0.5, -0.25]] * count, pa.list_(pa.float32())),
+        "reward": rng.normal(size=count),
+        "done": [i % 2 == 1 for i in range(count)],
+        "truncated": [False] * count,
+    })
+    log = str(tmp_path / "big.parquet")
+    pq.write_table(table, log)
+    output = str(tmp_path / "out.jsonl")
+    compute_credit(_small_log(tmp_path), output, "grpo", progress=False)
+    before = _digest(output)
+    command = _cli_command() + ["credit", "--input", log, "--estimator", "grpo", "--output", output,
+                                "--no-progress", "--batch-rows", "1000"]
+    process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    prefix = ".out.jsonl."
+    deadline = time.monotonic() + 120
+    partial = None
+    while partial is None and process.poll() is None and time.monotonic() < deadline:
+        for name in os.listdir(tmp_path):
+            path = os.path.join(tmp_path, name)
+            if name.startswith(prefix) and os.path.exists(path) and os.path.getsize(path) > 0:
+                partial = path
+                break
+        else:
+            time.sleep(0.002)
+    process.send_signal(signal.SIGKILL)
+    process.wait()
+    assert partial is not None, f"the run ended before its output was half written: " \
+                                f"{process.stderr.read().decode()[-2000:]}"
+    assert process.returncode == -signal.SIGKILL
+    assert _digest(output) == before
+    leftovers = [name for name in os.listdir(tmp_path) if name.startswith(prefix)]
+    assert leftovers == [os.path.basename(partial)]
+    compute_credit(_small_log(tmp_path), output, "rloo", progress=False)
+    assert not [name for name in os.listdir(tmp_path) if name.startswith(prefix)]
+    assert "advantage" in _rows(output)[0]
