@@ -62,16 +62,27 @@ def is_jsonl(source) -> bool:
 
 
 def read_jsonl(path: str, batch_rows: int) -> Iterator[list[dict]]:
-    """The records of a JSONL file, `batch_rows` dicts at a time (blank lines skipped).
+    """The records of a UTF-8 JSONL file, `batch_rows` dicts at a time (blank lines skipped).
+
+    A UTF-8 byte order mark before the first line is skipped.
 
     Raises:
-      RecordError: a line that is not valid JSON or not a JSON object, naming
-        its row (0-based, counting records) and its line number.
+      RecordError: a line that is not UTF-8, not valid JSON or not a JSON
+        object, naming its row (0-based, counting records) and its line number
+        (1-based, counting every line), e.g.
+        "row 5, field '<line>': input line 7 is not UTF-8: invalid start byte at byte 12 ...".
     """
     batch: list[dict] = []
     row = 0
-    with open(path, encoding="utf-8") as handle:
-        for line_number, line in enumerate(handle, 1):
+    with open(path, "rb") as handle:
+        for line_number, data in enumerate(handle, 1):
+            try:
+                line = data.decode("utf-8-sig" if line_number == 1 else "utf-8")
+            except UnicodeDecodeError as error:
+                raise RecordError(row, "<line>", f"input line {line_number} is not UTF-8: "
+                                  f"{error.reason} at byte {error.start} of the line "
+                                  f"({data[error.start:error.start + 4]!r}); save the log as UTF-8"
+                                  ) from None
             if not line.strip():
                 continue
             try:

@@ -222,3 +222,19 @@ def test_killed_run_keeps_the_previous_output_and_the_next_run_cleans_up(tmp_pat
     compute_credit(_small_log(tmp_path), output, "rloo", progress=False)
     assert not [name for name in os.listdir(tmp_path) if name.startswith(prefix)]
     assert "advantage" in _rows(output)[0]
+
+
+# ------------------------------------------------------------ encodings, empty inputs
+
+
+def test_non_utf8_input_names_its_line(tmp_path):
+    path = tmp_path / "latin1.jsonl"
+    lines = [json.dumps(_row(step=0)).encode(), b"", json.dumps(_row(step=1)).encode(),
+             json.dumps(_row(step=2, metadata="caf\u00e9")).encode().replace(b"\\u00e9", b"\xe9")]
+    path.write_bytes(b"\n".join(lines) + b"\n")
+    for call in (lambda: validate(str(path)),
+                 lambda: compute_credit(str(path), str(tmp_path / "out.jsonl"), "grpo", progress=False)):
+        with pytest.raises(RecordError) as error:
+            call()
+        assert (error.value.row, error.value.field) == (2, "<line>")
+        assert "input line 4 is not UTF-8" in str(error.value) and "byte" in str(error.value)
