@@ -27,6 +27,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="whitening over the whole input (default: the estimator's)")
     parser.add_argument("--batch-rows", type=int, default=16384,
                         help="rows per batch of whole trajectories or groups (default 16384)")
+    parser.add_argument("--allow-empty", action="store_true",
+                        help="write an empty output when the input has no rows (default: an empty "
+                             "input is an error)")
     parser.add_argument("--no-progress", action="store_true", help="hide the progress bars")
 
 
@@ -36,7 +39,8 @@ def run(args: argparse.Namespace) -> int:
 
     summary = offline.compute_credit(
         args.input, args.output, args.estimator, overrides=parse_settings(args.set),
-        whiten=args.whiten, batch_rows=args.batch_rows, progress=not args.no_progress)
+        whiten=args.whiten, batch_rows=args.batch_rows, allow_empty=args.allow_empty,
+        progress=not args.no_progress)
     print(f"{summary.estimator}: {summary.rows} steps in {summary.trajectories} trajectories, "
           f"whiten={summary.whiten}")
     print(f"wrote {summary.output} (new columns: {', '.join(summary.columns)})")

@@ -30,6 +30,13 @@ from the rows as these `CreditInputs` fields:
 
 Estimators reading an implicit PRM's log-probs are not available offline.
 
+The estimators run in float64 (the inputs are finite in float32, checked as
+the rows enter, so no square or sum of them overflows; in float32, rewards of
+1e20 would overflow a group's variance and give zeros), and their outputs are
+written as float32. An output that is not finite in float32 (returns summing
+rewards near 3.4e38, say) is a `RecordError` naming its first row, raised
+before anything is written.
+
 Whitening is never inside an estimator; it follows the entry's `whiten`
 default, or `whiten=`: "steps" over all rows, "tokens" over all response tokens (a row's
 scalar advantage counts once per token), (x - mean) / sqrt(var + 1e-8) with
@@ -52,7 +59,7 @@ import pyarrow.compute as pc
 
 from stepcredit.advantages.inputs import CreditInputs
 from stepcredit.data import schema
-from stepcredit.data.checks import RecordError
+from stepcredit.data.checks import FLOAT32_MAX, RecordError, canonical_records
 from stepcredit.data.read import BATCH_ROWS, is_jsonl, read_arrow, read_jsonl, source_rows
 from stepcredit.data.stream import LogBatch, iter_batches
 from stepcredit.data.write import RowWriter, atomic_path, output_format
@@ -61,6 +68,7 @@ from stepcredit.keys import dense_ids
 ADVANTAGE, RETURN = "advantage", "return"
 TOKEN_ADVANTAGES, TOKEN_RETURNS = "token_advantages", "token_returns"
 WHITEN_EPS = 1e-8
+_FLOAT = np.float64  # the estimators' inputs (and, under jax.enable_x64, their arithmetic)
 
 # The CreditInputs fields that step rows hold.
 _OFFLINE_FIELDS = frozenset({"mask", "step_rewards", "step_values", "bootstrap_value", "entropy",
@@ -157,7 +165,7 @@ def _inputs(plan: _Plan, batch: LogBatch, views: _Views) -> tuple[CreditInputs, 
     n_pad = _bucket(int(totals.max())) if fields & _TOKEN_FIELDS or plan.token_output else 0
     name = plan.entry.name
     rows = (views.row_traj, views.row_step)
-    reward = table.column("reward").to_numpy().astype(np.float32)
+    reward = table.column("reward").to_numpy().astype(_FLOAT)
     last = views.row_step == (np.diff(batch.trajectory_starts) - 1)[views.row_traj]
     truncated = table.column("truncated").to_numpy(zero_copy_only=False)
     out: dict[str, np.ndarray] = {}
@@ -180,7 +188,7 @@ def _inputs(plan: _Plan, batch: LogBatch, views: _Views) -> tuple[CreditInputs, 
             if plan.entry.needs_critic:
                 _require(has | ~needs, start, "bootstrap_value",
                          f"{name} bootstraps a truncated trajectory from V(s_next)")
-            boot = np.zeros(b_pad, np.float32)
+            boot = np.zeros(b_pad, _FLOAT)
             boot[views.row_traj[needs & has]] = value[needs & has]
             out[field] = boot
         elif field in _TOKEN_FIELDS:
@@ -191,7 +199,7 @@ def _inputs(plan: _Plan, batch: LogBatch, views: _Views) -> tuple[CreditInputs, 
 
 
 def _pad1(x: np.ndarray, size: int) -> np.ndarray:
-    out = np.zeros(size, np.float32)
+    out = np.zeros(size, _FLOAT)
     out[:len(x)] = x
     return out
 
@@ -224,7 +232,7 @@ def _step_input(field, table, rows, reward, b_pad, t_pad, start, name) -> np.nda
             has = has | tokens.is_valid().to_numpy(zero_copy_only=False)
         _require(has, start, "entropy", f"{name} needs each step's entropy (entropy or "
                  f"response_entropies)")
-    out = np.zeros((b_pad, t_pad), np.float32)
+    out = np.zeros((b_pad, t_pad), _FLOAT)
     out[rows] = values
     return out
 
@@ -255,7 +263,7 @@ def _token_input(field, table, views, b_pad, n_pad, start, name) -> np.ndarray:
     column = table.column("response_values")
     _require(column.is_valid().to_numpy(zero_copy_only=False), start, "response_values",
              f"{name} needs the critic value before every response token")
-    out = np.zeros((b_pad, n_pad), np.float32)
+    out = np.zeros((b_pad, n_pad), _FLOAT)
     out[_token_positions(views)] = pc.list_flatten(column).to_numpy(zero_copy_only=False)
     return out
 
@@ -298,25 +306,57 @@ def _compiled(plan: _Plan):
     return jax.jit(run, static_argnames=("num_groups",))
 
 
+def _num_groups(plan: _Plan, b_pad: int) -> int | None:
+    """The static group count: the padded batch size where the entry counts groups per batch."""
+    return b_pad if "num_groups" in plan.config and plan.config["num_groups"] is None else None
+
+
 def _run_batch(plan: _Plan, jitted, batch: LogBatch) -> tuple[np.ndarray, np.ndarray | None, _Views]:
-    """Per-row (or per-token, in row order) advantages and returns of one batch."""
+    """Per-row (or per-token, in row order) float32 advantages and returns of one batch.
+
+    Raises:
+      RecordError: an advantage or return not finite in float32, naming its row.
+    """
+    import jax
+
     views = _views(batch)
     inputs, b_pad = _inputs(plan, batch, views)
-    per_batch_groups = "num_groups" in plan.config and plan.config["num_groups"] is None
-    advantages, returns = jitted(inputs, b_pad if per_batch_groups else None)
+    with jax.enable_x64(True):
+        advantages, returns = jitted(inputs, _num_groups(plan, b_pad))
     if plan.token_output:
         where = _token_positions(views)
     elif plan.entry.output_level == "trajectory":
         where = (views.row_traj,)
     else:
         where = (views.row_traj, views.row_step)
-    pick = lambda x: None if x is None else np.asarray(x)[where].astype(np.float32)  # noqa: E731
-    return pick(advantages), pick(returns), views
+    names = (TOKEN_ADVANTAGES, TOKEN_RETURNS) if plan.token_output else (ADVANTAGE, RETURN)
+    out = []
+    for name, x in zip(names, (advantages, returns)):
+        if x is not None:
+            x = np.asarray(x)[where]
+            _check_finite(plan.entry.name, name, x, batch.start,
+                          views.lengths if plan.token_output else None)
+            x = x.astype(np.float32)
+        out.append(x)
+    return out[0], out[1], views
+
+
+def _check_finite(estimator: str, name: str, x: np.ndarray, start: int, lengths) -> None:
+    """Raises `RecordError` at the first row whose output `x` (per row, or per token with the
+    rows' token `lengths`) is not finite in float32."""
+    bad = ~(np.abs(x) <= FLOAT32_MAX)  # NaN compares false
+    if not bad.any():
+        return
+    k = int(np.flatnonzero(bad)[0])
+    row = k if lengths is None else int(np.searchsorted(np.cumsum(lengths), k, side="right"))
+    raise RecordError(start + row, name, f"{estimator} gives {float(x[k])!r}, which is not finite in "
+                      f"float32; the log's rewards, values or scores are too large for float32 "
+                      f"credit: rescale them (e.g. divide by 1e6) and run again")
 
 
 def compute_credit(source, output: str, estimator: str, *, overrides: Mapping[str, Any] | None = None,
                    whiten: str | None = None, batch_rows: int = BATCH_ROWS,
-                   progress: bool = True) -> CreditSummary:
+                   allow_empty: bool = False, progress: bool = True) -> CreditSummary:
     """Computes `estimator`'s advantages over a log of step rows and writes them beside its rows.
 
     Args:
@@ -332,6 +372,9 @@ def compute_credit(source, output: str, estimator: str, *, overrides: Mapping[st
       whiten: None or "default" (the entry's default), "none", "steps" or "tokens".
       batch_rows: rows per batch (whole trajectories, whole groups for group
         estimators); see the module docstring for what depends on it.
+      allow_empty: write an empty output (for Parquet: no rows, the input's
+        columns and the new ones) for an input without rows, instead of
+        raising.
       progress: show progress bars (they appear after a second).
 
     Returns:
@@ -339,9 +382,12 @@ def compute_credit(source, output: str, estimator: str, *, overrides: Mapping[st
 
     Raises:
       RecordError: a bad record (naming its row and field), including a
-        missing `value` for critic estimators and a missing entropy for EMPG.
+        missing `value` for critic estimators, a missing entropy for EMPG and
+        a number not finite in float32; or an advantage or return not finite
+        in float32 (naming its row and the column). Nothing is written then.
       ValueError: an unknown estimator or hyperparameter, an output path equal
-        to the input, a column name already in the input.
+        to the input, a column name already in the input, an input without
+        rows (unless `allow_empty`).
     """
     import datasets
     from tqdm.auto import tqdm
@@ -373,6 +419,11 @@ def compute_credit(source, output: str, estimator: str, *, overrides: Mapping[st
             trajectories += len(batch.trajectory_starts) - 1
             bar.update(len(batch.table))
         bar.close()
+        if rows == 0:
+            if not allow_empty:
+                raise ValueError(f"{_name(source)} has no rows, so there is nothing to credit; "
+                                 f"--allow-empty (allow_empty=True) writes an empty output")
+            has_returns = _has_returns(plan, jitted)
         advantage_file.seek(0)
         return_file.seek(0)
         names = (TOKEN_ADVANTAGES, TOKEN_RETURNS) if plan.token_output else (ADVANTAGE, RETURN)
@@ -380,6 +431,8 @@ def compute_credit(source, output: str, estimator: str, *, overrides: Mapping[st
         with atomic_path(output) as temporary:
             writer = RowWriter(temporary, fmt)
             try:
+                if rows == 0 and fmt == "parquet":
+                    writer.write_table(_empty_table(source, columns, plan.token_output))
                 bar = tqdm(total=rows, unit="rows", desc="write", delay=1.0, disable=not progress)
                 for raw, lengths in _raw_batches(source, batch_rows):
                     count = int(lengths.sum()) if plan.token_output else len(lengths)
@@ -394,6 +447,46 @@ def compute_credit(source, output: str, estimator: str, *, overrides: Mapping[st
             finally:
                 writer.close()
     return CreditSummary(rows, trajectories, estimator, plan.whiten, columns, os.fspath(output))
+
+
+def _name(source) -> str:
+    return f"--input {os.fspath(source)}" if isinstance(source, (str, os.PathLike)) else "the dataset"
+
+
+def _has_returns(plan: _Plan, jitted) -> bool:
+    """Whether the estimator gives returns, from its output shapes on a one-row log (not run)."""
+    import jax
+
+    row = {"trajectory_id": "0", "group_id": "0", "step_index": 0, "prompt_ids": [0],
+           "response_ids": [0], "response_logprobs": [0.0], "reward": 0.0, "done": True,
+           "truncated": False, "entropy": 0.0, "value": 0.0, "anchor": "0",
+           "response_values": [0.0], "response_entropies": [0.0]}
+    batch = LogBatch(0, canonical_records([row], 0), [row], np.asarray([0, 1]))
+    inputs, b_pad = _inputs(plan, batch, _views(batch))
+    with jax.enable_x64(True):
+        _, returns = jitted.eval_shape(inputs, _num_groups(plan, b_pad))
+    return returns is not None
+
+
+def _empty_table(source, columns: tuple[str, ...], token_output: bool) -> pa.Table:
+    """No rows: the input's columns in their types (the schema's, for JSONL) and the new ones."""
+    import datasets
+    import pyarrow.parquet as pq
+
+    if isinstance(source, datasets.Dataset):
+        fields = source.features.arrow_schema
+    elif is_jsonl(source):
+        fields = schema.ARROW_SCHEMA
+    elif os.path.isdir(os.fspath(source)):
+        fields = datasets.load_from_disk(os.fspath(source)).features.arrow_schema
+    else:
+        fields = pq.read_schema(os.fspath(source))
+    clash = [name for name in columns if name in fields.names]
+    if clash:
+        raise ValueError(f"the input already has a column {clash[0]!r}; offline credit adds it")
+    new = pa.list_(pa.float32()) if token_output else pa.float32()
+    fields = pa.schema(list(fields) + [pa.field(name, new) for name in columns])
+    return fields.empty_table()
 
 
 def _raw_batches(source, batch_rows: int):

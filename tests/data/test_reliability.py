@@ -121,6 +121,45 @@ def test_collate_rejects_trajectory_numbers_not_finite_in_float32(attribute):
         collate([Trajectory(steps=[step], **{attribute: 1e39})])
 
 
+# ------------------------------------------------------------ large finite magnitudes
+
+
+@pytest.mark.parametrize("estimator, whiten, scale", [
+    ("grpo", "default", 1.0), ("rloo", "none", 1e20), ("step_gae", "none", 1e20),
+    ("step_gae", "steps", 1.0)])
+def test_rewards_of_1e20_give_the_credit_of_rescaled_rewards(tmp_path, estimator, whiten, scale):
+    # 1e20 is finite in float32, but its square is not: float32 group statistics gave all zeros.
+    # scale: how the advantages scale with the rewards (normalised ones do not)
+    unit = _small_log(tmp_path, "unit.jsonl")
+    big = _small_log(tmp_path, "big.jsonl", scale=1e20)
+    compute_credit(unit, str(tmp_path / "unit.parquet"), estimator, whiten=whiten, progress=False)
+    compute_credit(big, str(tmp_path / "big.parquet"), estimator, whiten=whiten, progress=False)
+    expected, got = _rows(str(tmp_path / "unit.parquet")), _rows(str(tmp_path / "big.parquet"))
+    assert np.ptp([r["advantage"] for r in got]) > 0.1 * scale
+    np.testing.assert_allclose([r["advantage"] for r in got],
+                               [r["advantage"] * scale for r in expected], rtol=1e-4, atol=1e-6 * scale)
+    if "return" in expected[0]:
+        np.testing.assert_allclose([r["return"] for r in got], [r["return"] * 1e20 for r in expected],
+                                   rtol=1e-5)
+
+
+def test_credit_beyond_float32_is_an_error_before_anything_is_written(tmp_path):
+    # each reward is finite in float32, their sum (the return, the advantage) is not
+    rows = [_row("a", 0, reward=3e38, value=0.0), _row("a", 1, reward=3e38, value=0.0, done=True)]
+    path = _write_log(tmp_path / "sum.jsonl", rows)
+    output = str(tmp_path / "out.parquet")
+    compute_credit(_small_log(tmp_path), output, "step_gae", progress=False)
+    before = _digest(output)
+    with pytest.raises(RecordError) as error:
+        compute_credit(path, output, "step_gae", overrides={"gamma": 1.0, "lam": 1.0}, whiten="none",
+                       progress=False)
+    message = str(error.value)
+    assert message.startswith("row 0, field 'advantage': ") and "not finite in float32" in message
+    assert "rescale" in message
+    assert _digest(output) == before
+    assert sorted(os.listdir(tmp_path)) == ["out.parquet", "small.jsonl", "sum.jsonl"]
+
+
 # ------------------------------------------------------------ temporary files, modes
 
 
@@ -238,3 +277,43 @@ def test_non_utf8_input_names_its_line(tmp_path):
             call()
         assert (error.value.row, error.value.field) == (2, "<line>")
         assert "input line 4 is not UTF-8" in str(error.value) and "byte" in str(error.value)
+
+
+def _empty_logs(tmp_path):
+    blank = tmp_path / "blank.jsonl"
+    blank.write_text("\n\n")
+    (tmp_path / "empty.jsonl").write_text("")
+    schema_only = str(tmp_path / "empty.parquet")
+    pq.write_table(pa.Table.from_pylist([_row()]).slice(0, 0), schema_only)
+    return [str(tmp_path / "empty.jsonl"), str(blank), schema_only]
+
+
+@pytest.mark.parametrize("out", ["out.jsonl", "out.parquet"])
+def test_an_empty_input_is_an_error_unless_allowed(tmp_path, out):
+    output = str(tmp_path / out)
+    for log in _empty_logs(tmp_path):
+        with pytest.raises(ValueError, match=r"^--input .* has no rows.*--allow-empty"):
+            compute_credit(log, output, "step_gae", progress=False)
+        assert not os.path.exists(output)
+        summary = compute_credit(log, output, "step_gae", allow_empty=True, progress=False)
+        assert summary.rows == 0 and summary.columns == ("advantage", "return")
+        if out.endswith(".parquet"):
+            written = pq.read_table(output)
+            assert written.num_rows == 0
+            assert {"reward", "advantage", "return"} <= set(written.column_names)
+        else:
+            assert os.path.getsize(output) == 0
+        os.unlink(output)
+
+
+def test_cli_allow_empty(tmp_path, capsys):
+    parser = argparse.ArgumentParser()
+    credit_cli.add_arguments(parser)
+    assert "default: an empty input is an error" in " ".join(parser.format_help().split())
+    log = _empty_logs(tmp_path)[0]
+    output = str(tmp_path / "out.jsonl")
+    base = ["--input", log, "--estimator", "grpo", "--output", output, "--no-progress"]
+    with pytest.raises(ValueError, match="has no rows"):
+        credit_cli.run(parser.parse_args(base))
+    assert credit_cli.run(parser.parse_args(base + ["--allow-empty"])) == 0
+    assert os.path.exists(output) and "0 steps" in capsys.readouterr().out
