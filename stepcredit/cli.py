@@ -4,6 +4,11 @@ Each subcommand lives in its own module exposing `HELP` (one line),
 `add_arguments(parser)` and `run(args) -> int`; the module is imported only when
 its subcommand runs, so `stepcredit --help` stays fast.
 
+A user's mistake (a bad argument or record, an unknown name, a missing or
+unwritable file) ends the command with one line on stderr naming what was
+wrong, and exit status 2; `--debug` shows the traceback instead. Real faults
+keep their tracebacks.
+
 Every subcommand takes `--import MODULE` (repeatable): the module is imported
 before the command runs, so estimators and environments it registers
 (`stepcredit.advantages.register`, `stepcredit.envs.registry.register`) can
@@ -14,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import importlib.metadata
 import sys
 
 _SUBCOMMANDS = {
@@ -25,15 +31,24 @@ _SUBCOMMANDS = {
 }
 
 
+# Exceptions that report a user's mistake; their message is the one line shown.
+USER_ERRORS = (ValueError, KeyError, FileNotFoundError, FileExistsError, PermissionError,
+               IsADirectoryError, NotADirectoryError)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="stepcredit",
         description="Step-level credit assignment for agentic RL of language models.")
+    parser.add_argument("--version", action="version", version=f"stepcredit {importlib.metadata.version('stepcredit')}")
     subparsers = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for name, module_name in _SUBCOMMANDS.items():
         module = importlib.import_module(module_name)
-        sub = subparsers.add_parser(name, help=module.HELP, description=module.HELP)
+        sub = subparsers.add_parser(name, help=module.HELP, description=module.HELP,
+                                    formatter_class=argparse.ArgumentDefaultsHelpFormatter)
         module.add_arguments(sub)
+        sub.add_argument("--debug", action="store_true",
+                         help="show the traceback of an error instead of one line")
         sub.add_argument("--import", dest="imports", action="append", default=[],
                          metavar="MODULE",
                          help="import MODULE first, e.g. one that registers an estimator or an "
@@ -43,13 +58,31 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Runs one subcommand; returns its exit status (2 for a user's mistake)."""
     args = build_parser().parse_args(argv)
-    for module in args.imports:
-        try:
-            importlib.import_module(module)
-        except ImportError as error:
-            raise SystemExit(f"stepcredit {args.command}: --import {module}: {error}") from None
-    return int(args._run(args) or 0)
+    try:
+        for module in args.imports:
+            try:
+                importlib.import_module(module)
+            except ImportError as error:
+                raise ValueError(f"--import {module}: {error}") from None
+        return int(args._run(args) or 0)
+    except USER_ERRORS as error:
+        if args.debug:
+            raise
+        print(f"stepcredit {args.command}: {_message(error)}", file=sys.stderr)
+        return 2
+
+
+def _message(error: BaseException) -> str:
+    """One line: a KeyError's message without its quotes, a path error with its path."""
+    if isinstance(error, KeyError) and error.args:
+        text = str(error.args[0])
+    elif isinstance(error, OSError) and error.filename is not None:
+        text = f"{error.filename}: {error.strerror or error}"
+    else:
+        text = str(error) or type(error).__name__
+    return " ".join(text.split())
 
 
 if __name__ == "__main__":

@@ -18,8 +18,8 @@ _INVALID_ACTION_PENALTY = 0.1
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--gamma", type=float, default=1.0, help="discount (default 1, StepPO)")
-    parser.add_argument("--lam", type=float, default=0.95, help="GAE lambda (default 0.95)")
+    parser.add_argument("--gamma", type=float, default=1.0, help="discount (StepPO: 1)")
+    parser.add_argument("--lam", type=float, default=0.95, help="GAE lambda")
     parser.add_argument("--seed", type=int, default=0, help="seed of the toy trajectories")
 
 

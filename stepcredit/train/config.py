@@ -157,6 +157,13 @@ class TrainConfig:
             raise ValueError(f"TrainConfig: num_devices={self.num_devices}; it must be >= 0 "
                              "(0: all local devices)")
 
+    def differences(self, other: "TrainConfig", *, ignore=()) -> list[str]:
+        """`"field: self -> other"` for every (nested, dotted) field that differs."""
+        mine, theirs = _flat(dataclasses.asdict(self)), _flat(dataclasses.asdict(other))
+        return [f"{key}: {_json(mine.get(key))} -> {_json(theirs.get(key))}"
+                for key in sorted(set(mine) | set(theirs))
+                if key not in ignore and _json(mine.get(key)) != _json(theirs.get(key))]
+
     def to_json(self) -> str:
         return json.dumps(dataclasses.asdict(self), indent=2, sort_keys=True)
 
@@ -168,3 +175,23 @@ class TrainConfig:
         raw["estimator_config"] = tuple(tuple(pair) for pair in raw["estimator_config"])
         raw["horizon_schedule"] = tuple(raw["horizon_schedule"])
         return cls(**raw)
+
+
+# What a resumed run may change: how long it runs, how often it evaluates and checkpoints,
+# and where its directory lives (a copied or moved run is the same run).
+RESUMABLE_CHANGES = ("iterations", "time_limit_minutes", "eval_every", "eval_tasks",
+                     "eval_temperature", "checkpoint_every", "logdir")
+
+
+def _flat(tree: dict, prefix: str = "") -> dict[str, Any]:
+    out = {}
+    for key, value in tree.items():
+        if isinstance(value, dict):
+            out.update(_flat(value, f"{prefix}{key}."))
+        else:
+            out[f"{prefix}{key}"] = value
+    return out
+
+
+def _json(value: Any) -> str:
+    return json.dumps(value, sort_keys=True)  # tuples and lists compare alike, as saved

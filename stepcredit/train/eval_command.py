@@ -23,7 +23,7 @@ def run(args: argparse.Namespace) -> int:
 
     config_path = os.path.join(args.checkpoint, "config.json")
     if not os.path.exists(config_path):
-        raise SystemExit(f"stepcredit eval: {config_path} not found; --checkpoint takes the run "
+        raise ValueError(f"--checkpoint: {config_path} not found; it takes the run "
                          f"directory that `stepcredit train --logdir` wrote")
     with open(config_path, encoding="utf-8") as f:
         config = TrainConfig.from_json(f.read())

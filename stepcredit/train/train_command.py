@@ -23,39 +23,56 @@ def _ints(text: str) -> tuple[int, ...]:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--env", default="alfworld", help="environment name (default alfworld)")
-    parser.add_argument("--difficulty", type=int, default=0, help="simulator difficulty (0 easiest)")
+    parser.add_argument("--env", default="alfworld", help="a registered environment")
+    parser.add_argument("--difficulty", type=int, default=0, help="simulator difficulty (0: easiest)")
     parser.add_argument("--estimator", default="grpo", help="registered estimator name")
     parser.add_argument("--set", dest="estimator_config", type=_pair, action="append", default=[],
                         metavar="KEY=VALUE",
                         help="estimator hyperparameter, the value as a JSON literal (true, 0.9, "
                              "null) or a bare string (repeatable)")
-    parser.add_argument("--iterations", type=int, default=100)
-    parser.add_argument("--tasks-per-iteration", type=int, default=8)
-    parser.add_argument("--group-size", type=int, default=8)
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--iterations", type=int, default=100,
+                        help="training iterations (one rollout batch and update each)")
+    parser.add_argument("--tasks-per-iteration", type=int, default=8,
+                        help="tasks per batch, each played --group-size times")
+    parser.add_argument("--group-size", type=int, default=8,
+                        help="rollouts per task (GiGPO and verl-agent: 8)")
+    parser.add_argument("--seed", type=int, default=0,
+                        help="seeds the model, the sampling and the task order")
     parser.add_argument("--max-steps", type=int, default=None, help="episode step limit")
     parser.add_argument("--horizon-schedule", type=_ints, default=(),
                         help="ScalingInter-RL step limits, e.g. 5,10,15")
-    parser.add_argument("--horizon-switch-every", type=int, default=50)
+    parser.add_argument("--horizon-switch-every", type=int, default=50,
+                        help="iterations per stage of --horizon-schedule")
     parser.add_argument("--warm-start-steps", type=int, default=0,
                         help="supervised steps on expert demonstrations before RL")
     parser.add_argument("--warm-start-tasks", type=int, default=64,
                         help="training tasks whose expert demonstrations the warm start uses")
-    parser.add_argument("--eval-every", type=int, default=0)
-    parser.add_argument("--eval-tasks", type=int, default=32)
-    parser.add_argument("--checkpoint-every", type=int, default=10)
-    parser.add_argument("--logdir", default="runs/default")
-    parser.add_argument("--resume", action="store_true", help="continue from the latest checkpoint")
+    parser.add_argument("--eval-every", type=int, default=0,
+                        help="iterations between evaluations on the fixed test panel (0: none)")
+    parser.add_argument("--eval-tasks", type=int, default=32,
+                        help="test tasks of the fixed evaluation panel")
+    parser.add_argument("--checkpoint-every", type=int, default=10,
+                        help="iterations between checkpoints (the last is always saved)")
+    parser.add_argument("--logdir", default="runs/default",
+                        help="where metrics, TensorBoard events, config.json and checkpoints go")
+    parser.add_argument("--resume", action="store_true",
+                        help="continue the run in --logdir from its newest intact checkpoint "
+                             "(its settings must match, except the iteration count, time limit, "
+                             "evaluation and checkpoint intervals)")
+    parser.add_argument("--overwrite", action="store_true",
+                        help="replace a run already in --logdir (without it, or --resume, such "
+                             "a directory is refused)")
     parser.add_argument("--async", dest="async_mode", action="store_true",
                         help="asynchronous rollouts with decoupled PPO (AReaL)")
-    parser.add_argument("--max-staleness", type=int, default=1)
+    parser.add_argument("--max-staleness", type=int, default=1,
+                        help="with --async, the most policy versions a batch may lag")
     parser.add_argument("--time-limit", type=float, default=None, metavar="MINUTES",
                         help="stop after this much wall time (warm start included), then "
                              "evaluate and checkpoint")
     parser.add_argument("--devices", type=int, default=0,
                         help="devices of the data-parallel update (0: all local devices)")
-    parser.add_argument("--learning-rate", type=float, default=3e-4)
+    parser.add_argument("--learning-rate", type=float, default=3e-4,
+                        help="AdamW learning rate of the RL updates and the warm start")
     parser.add_argument("--lr-schedule", choices=LEARNING_RATE_SCHEDULES, default="constant",
                         help="decay of the RL learning rate over --iterations")
     parser.add_argument("--lr-final-fraction", type=float, default=0.1,
@@ -64,28 +81,32 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--lr-warmup", type=int, default=0, metavar="ITERATIONS",
                         help="first RL iterations over which the learning rate rises "
                              "linearly from 0")
-    parser.add_argument("--epochs", type=int, default=2)
+    parser.add_argument("--epochs", type=int, default=2, help="passes over each batch")
     parser.add_argument("--target-kl", type=float, default=None,
                         help="stop a batch's epochs once a minibatch's approximate KL exceeds "
                              "1.5 x this (default: never)")
     parser.add_argument("--critic-warmup", type=int, default=0, metavar="ITERATIONS",
                         help="first RL iterations that train only the critic (critic estimators)")
-    parser.add_argument("--minibatch-rows", type=int, default=64)
+    parser.add_argument("--minibatch-rows", type=int, default=64,
+                        help="step rows per update (a multiple of the devices)")
     parser.add_argument("--d-model", type=int, default=256,
-                        help="residual width (default 256: about 1.9M parameters)")
-    parser.add_argument("--num-layers", type=int, default=2)
+                        help="residual width (256: about 1.9M parameters)")
+    parser.add_argument("--num-layers", type=int, default=2, help="transformer layers")
     parser.add_argument("--clip-high", type=float, default=None,
                         help="PPO upper clip (default: the estimator's recipe, 0.28 for "
                              "dapo+empg (DAPO's clip-higher), else 0.2)")
     parser.add_argument("--step-level-ratio", action="store_true",
                         help="StepPO's length-normalised step importance ratio (GSPO)")
-    parser.add_argument("--kl-coef", type=float, default=0.0)
+    parser.add_argument("--kl-coef", type=float, default=0.0,
+                        help="weight of the KL penalty to a frozen reference policy (0: none)")
     parser.add_argument("--entropy-coef", type=float, default=0.0, help="entropy bonus weight")
-    parser.add_argument("--temperature", type=float, default=1.0)
+    parser.add_argument("--temperature", type=float, default=1.0,
+                        help="sampling temperature of the rollouts (0: greedy)")
     parser.add_argument("--max-prompt-tokens", type=int, default=None,
                         help="step prompt budget; default: fitted to the longest expert prompt "
                              "(plus 25%%) so that no admissible list is dropped")
-    parser.add_argument("--max-action-tokens", type=int, default=12)
+    parser.add_argument("--max-action-tokens", type=int, default=12,
+                        help="the most tokens an action may take")
     parser.add_argument("--history-window", type=int, default=1,
                         help="(observation, action) pairs of earlier steps in each prompt")
     parser.add_argument("--action-window", type=int, default=0,
@@ -151,7 +172,7 @@ def run(args: argparse.Namespace) -> int:
         from stepcredit.train.devices import initialize_processes
 
         if not args.coordinator:
-            raise SystemExit("stepcredit train: --num-processes > 1 needs --coordinator HOST:PORT "
+            raise ValueError("--num-processes > 1 needs --coordinator HOST:PORT "
                              "(process 0's address)")
         initialize_processes(args.coordinator, args.num_processes, args.process_id)
     config = config_from_args(args)
@@ -162,7 +183,7 @@ def run(args: argparse.Namespace) -> int:
             print(f"prompt budget: {config.rollout.max_prompt_tokens} tokens (fitted to "
                   f"{config.env}'s expert prompts)", flush=True)
     trainer = Trainer(config, log=functools.partial(print, flush=True))
-    history = trainer.run(resume=args.resume)
+    history = trainer.run(resume=args.resume, overwrite=args.overwrite)
     if history and args.process_id == 0:
         last = history[-1]
         print(f"done: {len(history)} iterations; last batch success {last['rollout/success']:.2f}"

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 import time
 from typing import Callable
 
@@ -35,7 +36,7 @@ from stepcredit.train import asynchronous
 from stepcredit.train.build import build, make_env
 from stepcredit.train.checkpoint import Checkpointer
 from stepcredit.train.collection import Collector
-from stepcredit.train.config import TrainConfig
+from stepcredit.train.config import RESUMABLE_CHANGES, TrainConfig
 from stepcredit.train.curriculum import horizon_stage, step_limit
 from stepcredit.train.devices import (DataParallel, agreed_by_process_0,
                                       check_same_on_every_process, from_process_0)
@@ -46,11 +47,20 @@ from stepcredit.train.state import TrainState
 from stepcredit.train.warm_start import supervised_warm_start
 
 
+# What a run writes into its log directory.
+RUN_FILES = ("config.json", "metrics.jsonl", "tokenizer.json", "checkpoints", "tensorboard")
+
+
 class _NoMetrics:
     """The metrics logger of a process other than process 0: it writes nothing."""
 
     def log(self, iteration: int, metrics: dict[str, float]) -> None:
         del iteration, metrics
+
+
+def _holds(path: str) -> bool:
+    """A file, or a folder with something in it (the checkpointer creates its folder empty)."""
+    return os.path.isfile(path) or (os.path.isdir(path) and bool(os.listdir(path)))
 
 
 def _data_parallel(config: TrainConfig, multiprocess: bool) -> DataParallel:
@@ -169,11 +179,15 @@ class Trainer:
 
     # ------------------------------------------------------------ checkpoints
     def restore(self) -> int:
-        """Restores the latest checkpoint, if any; returns the next iteration to run.
-        With several processes, process 0 reads it and sends it to the others."""
+        """Restores the newest intact checkpoint, if any; returns the next iteration to run.
+
+        A damaged checkpoint is reported in one line and moved aside, and the one
+        before it is used (`Checkpointer.restore_intact`). With several
+        processes, process 0 reads it and sends it to the others.
+        """
         tree = self.state.as_tree()
         if self.primary and self.checkpointer.latest_step() is not None:
-            tree = self.checkpointer.restore(tree)
+            _, tree = self.checkpointer.restore_intact(tree, note=self.log)
         if self.multiprocess:
             tree = from_process_0(tree)
         self.state = TrainState.from_tree(tree)
@@ -193,13 +207,28 @@ class Trainer:
                         temperature=self.config.eval_temperature)
 
     # ---------------------------------------------------------------------- run
-    def run(self, *, resume: bool = False) -> list[dict[str, float]]:
-        """Trains for `config.iterations`, logging, evaluating and checkpointing as configured."""
+    def run(self, *, resume: bool = False, overwrite: bool = False) -> list[dict[str, float]]:
+        """Trains for `config.iterations`, logging, evaluating and checkpointing as configured.
+
+        Args:
+          resume: continue the run in `config.logdir` from its newest intact
+            checkpoint; its saved configuration must match this one except
+            for `RESUMABLE_CHANGES` (the differing fields are named).
+          overwrite: replace a run already in `config.logdir` (its metrics,
+            configuration, TensorBoard events and checkpoints). Without
+            `resume` or `overwrite`, a directory holding a run is refused.
+
+        Raises:
+          ValueError: a run is in the way, or the resumed run's configuration differs.
+        """
         config = self.config
         started = time.perf_counter()
+        if self.primary:
+            self._check_logdir(resume=resume, overwrite=overwrite)
         os.makedirs(config.logdir, exist_ok=True)
         start = self.restore() if resume else 0
-        logs = (MetricsLogger(config.logdir, resume_from=start if resume else None)
+        logs = (MetricsLogger(config.logdir, resume_from=start if resume else None,
+                              note=self.log)
                 if self.primary else contextlib.nullcontext(_NoMetrics()))
         with logs as logger:
             if start == 0 and (config.warm_start_steps or config.eval_every):
@@ -211,6 +240,30 @@ class Trainer:
                 if worker is not None:
                     worker.close()
         return history
+
+    def _check_logdir(self, *, resume: bool, overwrite: bool) -> None:
+        logdir = self.config.logdir
+        held = [name for name in RUN_FILES if _holds(os.path.join(logdir, name))]
+        if resume:
+            saved_path = os.path.join(logdir, "config.json")
+            if os.path.exists(saved_path):
+                with open(saved_path, encoding="utf-8") as f:
+                    saved = TrainConfig.from_json(f.read())
+                changed = saved.differences(self.config, ignore=RESUMABLE_CHANGES)
+                if changed:
+                    raise ValueError(f"--resume: the run in {logdir} was configured otherwise "
+                                     f"(saved -> now): {'; '.join(changed)}; pass the original "
+                                     "settings (they are in its config.json)")
+        elif held and not overwrite:
+            raise ValueError(f"--logdir {logdir} already holds a run ({', '.join(held)}); pass "
+                             "--resume to continue it or --overwrite to replace it")
+        elif held:
+            for name in held:
+                path = os.path.join(logdir, name)
+                if name == "checkpoints":
+                    self.checkpointer.clear()
+                else:
+                    shutil.rmtree(path) if os.path.isdir(path) else os.remove(path)
 
     def _initial_policy(self) -> dict[str, float]:
         """Iteration -1: the policy RL starts from, after any warm start (the baseline)."""

@@ -1,0 +1,54 @@
+"""The command line's one error style, help on every option, and --version."""
+
+import argparse
+import subprocess
+import sys
+
+import pytest
+
+from stepcredit.cli import build_parser, main
+
+
+def _subparsers():
+    parser = build_parser()
+    action = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    return action.choices
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["train", "--env", "nosuch"], "unknown environment 'nosuch'; registered: alfworld, hotpotqa, "
+                                   "webshop"),
+    (["train", "--estimator", "nosuch"], "unknown estimator 'nosuch'; registered: "),
+    (["credit", "--input", "/no/such/log.jsonl", "--estimator", "grpo", "--output", "x.jsonl"],
+     "/no/such/log.jsonl"),
+    (["credit", "--input", "x.jsonl", "--estimator", "istar", "--output", "y.jsonl"],
+     "reads prm_logp, ref_logp, which step rows do not hold"),
+    (["eval", "--checkpoint", "/no/such/run"], "--checkpoint: /no/such/run/config.json not found"),
+])
+def test_a_user_mistake_is_one_line_with_exit_status_2(argv, message, capsys, tmp_path,
+                                                       monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    assert main(argv) == 2
+    captured = capsys.readouterr()
+    assert captured.err.startswith(f"stepcredit {argv[0]}: ") and message in captured.err
+    assert captured.err.count("\n") == 1 and "Traceback" not in captured.err
+
+
+def test_debug_shows_the_traceback_instead():
+    with pytest.raises(KeyError, match="unknown estimator 'nosuch'"):
+        main(["train", "--estimator", "nosuch", "--debug"])
+
+
+def test_every_option_has_help_and_the_help_shows_defaults():
+    missing = [f"{name} {option}" for name, sub in _subparsers().items()
+               for action in sub._actions if action.help is None
+               for option in action.option_strings[:1]]
+    assert not missing, f"options without help: {missing}"
+    text = _subparsers()["train"].format_help()
+    assert "(default: 100)" in text  # --iterations
+
+
+def test_version():
+    out = subprocess.run([sys.executable, "-m", "stepcredit.cli", "--version"], check=True,
+                         capture_output=True, text=True).stdout
+    assert out.startswith("stepcredit ") and out.strip() != "stepcredit"
