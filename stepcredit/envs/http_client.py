@@ -9,9 +9,13 @@ a training loop needs from a remote environment:
 - `done` latching: after the episode ends, `step` raises without sending
   anything (the servers refuse it anyway, and an extra round trip per finished
   sample adds up);
-- per-request timeouts, and retries with exponential backoff and jitter on
-  connection errors and 5xx answers. A `step` is retried only when the server
-  cannot have applied it (the connection was never made, or it answered 503),
+- time bounds: each attempt of a request (its wait for a concurrency slot
+  included) within `timeout_s`, construction within one `create_timeout_s`
+  deadline, and `close_all` closing many instances in parallel within one
+  `close_timeout_s`;
+- retries with exponential backoff and jitter on connection errors and 5xx
+  answers. A `step` is retried only when the server cannot have applied it
+  (the connection was never made, no slot was free, or it answered 503),
   because applying an action twice would corrupt the episode;
 - bounded concurrency: every `HttpEnv` talking to one server shares one
   connection pool and one semaphore (`ServerConnection`);
@@ -36,12 +40,13 @@ Example:
 
 from __future__ import annotations
 
+import concurrent.futures
 import dataclasses
 import logging
 import random
 import threading
 import time
-from typing import Any, Hashable
+from typing import Any, Hashable, Iterable
 
 import httpx
 
@@ -57,12 +62,17 @@ class HttpConfig:
     """Timeouts, retries and concurrency of an `HttpEnv`.
 
     Attributes:
-      timeout_s: the limit on each read or write of a request. AgentGym-RL
-        uses 2400 s because some servers block for minutes under load; lower
-        it where a stuck server should cost less.
-      connect_timeout_s: the limit on opening a connection.
-      close_timeout_s: the limit on `/close`, kept short so that closing many
-        environments of a dead server ends quickly.
+      timeout_s: the limit on one attempt of a request: its wait for a
+        concurrency slot, then each read or write, within what the wait left
+        (default 60 s). AgentGym-RL uses 2400 s because some servers block for
+        minutes under load; lower it where a stuck server should cost less.
+      connect_timeout_s: the limit on opening a connection (default 5 s).
+      close_timeout_s: the limit on `/close`, slot wait included (default
+        5 s), kept short so that closing many environments of a dead server
+        ends quickly; `close_all` closes many in parallel within it.
+      create_timeout_s: the one deadline of construction: `GET /info` and
+        `POST /create` with all their attempts, waits for a slot and backoff
+        (default 60 s).
       retries: how many times a failed request is retried (0: never).
       backoff_s: the wait before the first retry; it doubles on each retry.
       backoff_max_s: the longest wait between retries.
@@ -73,13 +83,14 @@ class HttpConfig:
     timeout_s: float = 60.0
     connect_timeout_s: float = 5.0
     close_timeout_s: float = 5.0
+    create_timeout_s: float = 60.0
     retries: int = 3
     backoff_s: float = 0.5
     backoff_max_s: float = 8.0
     max_concurrency: int = 64
 
     def __post_init__(self) -> None:
-        for field in ("timeout_s", "connect_timeout_s", "close_timeout_s"):
+        for field in ("timeout_s", "connect_timeout_s", "close_timeout_s", "create_timeout_s"):
             if getattr(self, field) <= 0:
                 raise ValueError(f"HttpConfig.{field} must be > 0, got {getattr(self, field)}")
         if self.retries < 0:
@@ -187,7 +198,8 @@ class HttpEnv:
         `base_url` (see `shared_connection`).
 
     Raises:
-      HttpEnvError: the server could not create an instance.
+      HttpEnvError: the server could not create an instance within
+        `config.create_timeout_s`.
     """
 
     def __init__(self, base_url: str, schema: str | ServerSchema = "stepcredit", *,
@@ -199,7 +211,6 @@ class HttpEnv:
         self.config = config
         self._connection = connection or shared_connection(base_url, config.max_concurrency)
         self._url = base_url.rstrip("/")
-        self._timeout = httpx.Timeout(config.timeout_s, connect=config.connect_timeout_s)
         self._closed = False
         self._finished = True  # no episode until the first reset
         self._observation: Observation | None = None
@@ -208,14 +219,15 @@ class HttpEnv:
         self._id: int | None = None
         self._boot: str | None = None  # the creating server's boot id, if it sends one
         self._gone = ""  # why the instance is gone (the server changed), once it is
-        served = (self._request("GET", "/info", idempotent=True)
+        deadline = time.monotonic() + config.create_timeout_s
+        served = (self._request("GET", "/info", idempotent=True, deadline=deadline)
                   if self.schema.stepcredit_extras else {})
         self.name: str = name or served.get("name", self.schema.name)
         self.max_steps: int = max_steps or int(served.get("max_steps", self.schema.max_steps))
         # Retried like an idempotent request: a create that timed out but succeeded
         # leaves an orphan instance on the server, which beats failing a batch.
         created, self._boot = self._request("POST", "/create", json=dict(self.schema.create_body),
-                                            idempotent=True, with_boot=True)
+                                            idempotent=True, deadline=deadline, with_boot=True)
         created_id = (created.get("id", created.get(self.schema.id_field))
                       if isinstance(created, dict) else created)
         if isinstance(created_id, bool) or not isinstance(created_id, int):
@@ -278,21 +290,35 @@ class HttpEnv:
         return result
 
     def close(self) -> None:
-        """Releases the server's instance; idempotent, never raises."""
+        """Releases the server's instance; idempotent, never raises.
+
+        One `/close`, not retried, within `config.close_timeout_s`; a failure is
+        logged. To close many environments, `close_all` runs them in parallel.
+        """
+        failure = self._close(deadline=None)
+        if failure:
+            _log.warning("HttpEnv.close: %s", failure)
+
+    def _close(self, deadline: float | None) -> str:
+        """Sends `/close` once, unless there is nothing to close; returns the
+        failure worth reporting, or ""."""
         if self._closed:
-            return
+            return ""
         self._closed = True
-        if not self.schema.has_close or self._gone:
-            return  # a changed server's instance with this id is not ours to close
+        if not self.schema.has_close or self._gone or self._id is None:
+            return ""  # a changed server's instance with this id is not ours to close
         try:
             self._request("POST", "/close", json={self.schema.id_field: self._id},
-                          idempotent=False, retries=0,
-                          timeout=httpx.Timeout(self.config.close_timeout_s))
+                          idempotent=False, retries=0, timeout_s=self.config.close_timeout_s,
+                          deadline=deadline)
+        except ServerChangedError:
+            pass  # the instance went with the server that created it
         except HttpEnvError as e:
             # The instance may be gone already (a dead server); closing must not
             # turn one fault into many at the end of a batch.
             if e.status not in (404, 405):  # 404/405: the server has no /close
-                _log.warning("HttpEnv.close: %s", e)
+                return str(e)
+        return ""
 
     def __enter__(self) -> "HttpEnv":
         return self
@@ -394,14 +420,40 @@ class HttpEnv:
         if self._closed:
             raise RuntimeError(f"HttpEnv.{method}: the environment is closed")
 
-    def _backoff(self, attempt: int) -> None:
+    def _backoff(self, attempt: int, deadline: float | None) -> bool:
+        """Sleeps before retry `attempt + 1`; False (no sleep) if the retry
+        would start after `deadline`."""
         # Jitter spreads the retries of many clients that failed together.
         delay = min(self.config.backoff_max_s, self.config.backoff_s * 2 ** attempt)
-        time.sleep(delay * random.uniform(0.5, 1.0))
+        delay *= random.uniform(0.5, 1.0)
+        if deadline is not None and time.monotonic() + delay >= deadline:
+            return False
+        time.sleep(delay)
+        return True
+
+    def _send(self, method: str, url: str, end: float, **kwargs: Any) -> httpx.Response:
+        """One attempt, which ends by `end` (monotonic seconds): waits for a
+        concurrency slot, then sends with the time left as its timeouts.
+
+        Raises:
+          httpx.PoolTimeout: no slot was free in time (nothing was sent).
+        """
+        connection = self._connection
+        if not connection.semaphore.acquire(timeout=max(0.0, end - time.monotonic())):
+            raise httpx.PoolTimeout(f"no concurrency slot free in time (max_concurrency="
+                                    f"{connection.max_concurrency} requests in flight)")
+        try:
+            left = end - time.monotonic()
+            if left <= 0:
+                raise httpx.PoolTimeout("no time left to send after waiting for a slot")
+            timeout = httpx.Timeout(left, connect=min(self.config.connect_timeout_s, left))
+            return connection.client.request(method, url, timeout=timeout, **kwargs)
+        finally:
+            connection.semaphore.release()
 
     def _request(self, method: str, path: str, *, json: Any = None, idempotent: bool,
-                 retries: int | None = None, timeout: httpx.Timeout | None = None,
-                 with_boot: bool = False) -> Any:
+                 retries: int | None = None, timeout_s: float | None = None,
+                 deadline: float | None = None, with_boot: bool = False) -> Any:
         """Sends one request (with retries) and returns its decoded JSON answer.
 
         Args:
@@ -409,38 +461,44 @@ class HttpEnv:
           path: the endpoint; GETs carry the instance id as a query parameter.
           json: the POST body.
           idempotent: whether a repeat is harmless; if not, only failures that
-            prove the server never saw the request (no connection, 503) are
-            retried.
+            prove the server never saw the request (no connection, no slot,
+            503) are retried.
           retries: overrides `config.retries`.
-          timeout: overrides the configured timeouts.
+          timeout_s: overrides `config.timeout_s`, the limit on each attempt.
+          deadline: a monotonic time by which all attempts end (no retry starts
+            after it), or None.
           with_boot: return `(payload, boot id)` (None if the server sends none).
 
         Raises:
           ServerChangedError: the answer came from another server than the one
             that created the instance; the instance is then gone for good.
-          HttpEnvError: the request failed after all retries, the answer was not
-            HTTP 200 JSON, or it carried an `error` key.
+          HttpEnvError: the request failed after all retries (or at the
+            deadline), the answer was not HTTP 200 JSON, or it carried an
+            `error` key.
         """
         url = f"{self._url}{path}"
         params = ({self.schema.id_field: self._id}
                   if method == "GET" and self._id is not None else None)
         headers = {BOOT_HEADER: self._boot} if self._boot else None
         retries = self.config.retries if retries is None else retries
+        limit = self.config.timeout_s if timeout_s is None else timeout_s
         attempt = 0
         while True:
+            end = time.monotonic() + limit
             try:
-                with self._connection.semaphore:
-                    response = self._connection.client.request(
-                        method, url, json=json, params=params, headers=headers,
-                        timeout=timeout or self._timeout)
+                response = self._send(method, url, end if deadline is None else min(end, deadline),
+                                      json=json, params=params, headers=headers)
             except httpx.RequestError as e:
                 unsent = isinstance(e, (httpx.ConnectError, httpx.ConnectTimeout,
                                         httpx.PoolTimeout))
                 if attempt < retries and (idempotent or unsent):
-                    self._backoff(attempt)
-                    attempt += 1
-                    continue
-                raise HttpEnvError(f"{method} {url} failed after {attempt + 1} attempt(s): "
+                    if self._backoff(attempt, deadline):
+                        attempt += 1
+                        continue
+                    cut = " (its deadline cut the retries)"
+                else:
+                    cut = ""
+                raise HttpEnvError(f"{method} {url} failed after {attempt + 1} attempt(s){cut}: "
                                    f"{type(e).__name__}: {e}") from e
             boot = response.headers.get(BOOT_HEADER)
             if self._id is not None and (boot != self._boot if boot is not None else
@@ -450,8 +508,7 @@ class HttpEnv:
                               "and the instance is gone")
                 raise ServerChangedError(f"{method} {url}: {self._gone}", response.status_code)
             if response.status_code >= 500 and attempt < retries and (
-                    idempotent or response.status_code == 503):
-                self._backoff(attempt)
+                    idempotent or response.status_code == 503) and self._backoff(attempt, deadline):
                 attempt += 1
                 continue
             if response.status_code != 200:
@@ -465,3 +522,33 @@ class HttpEnv:
             if isinstance(payload, dict) and payload.get("error"):
                 raise HttpEnvError(f"{method} {url}: the server reports: {payload['error']}")
             return (payload, boot) if with_boot else payload
+
+
+def close_all(envs: Iterable[HttpEnv], timeout_s: float | None = None) -> None:
+    """Closes many `HttpEnv`s at once; never raises.
+
+    Their `/close` requests run in parallel, as many at a time as each
+    server's `max_concurrency` allows, and all within `timeout_s` (default:
+    the longest `close_timeout_s` among them): closing N instances of a server
+    that stopped answering costs one `close_timeout_s`, not N of them. A close
+    that gets no slot in time is given up (`stepcredit serve` expires idle
+    instances). The failures are logged in one line.
+
+    Args:
+      envs: the environments; closed ones are skipped.
+      timeout_s: the bound on the whole call, or None for the default.
+    """
+    envs = list(dict.fromkeys(envs))  # each once, in order
+    if not envs:
+        return
+    if timeout_s is not None and timeout_s <= 0:
+        raise ValueError(f"close_all: timeout_s must be > 0 or None, got {timeout_s}")
+    bound = timeout_s or max(env.config.close_timeout_s for env in envs)
+    deadline = time.monotonic() + bound
+    connections = {id(env._connection): env._connection for env in envs}
+    workers = min(len(envs), sum(c.max_concurrency for c in connections.values()), 256)
+    with concurrent.futures.ThreadPoolExecutor(workers, thread_name_prefix="close_all") as pool:
+        failures = [f for f in pool.map(lambda env: env._close(deadline), envs) if f]
+    if failures:
+        _log.warning("close_all: %d of %d instance(s) not confirmed closed within %g s; "
+                     "the first: %s", len(failures), len(envs), bound, failures[0])
