@@ -287,3 +287,20 @@ def test_reinforce_pp_sharded_and_vmapped_equal_eager(mesh4):
     _close(sharded(rewards, mask), eager)
     vmapped = jax.jit(jax.vmap(lambda r, m: group.reinforce_pp(r[None], m[None], gamma=0.9)[0]))
     _close(vmapped(rewards, mask), eager)
+
+
+def test_huge_but_finite_scores_normalise_like_rescaled_ones():
+    # float32 squares of 1e20 overflow; group statistics scale each group by a power of two.
+    scores = np.array([1e20, 2e20, 0.0, 3e20, 1e38, -1e38], np.float32)
+    ids = np.array([0, 0, 0, 1, 2, 2])
+    huge = np.asarray(group.grpo(scores, ids))
+    _close(huge[:4], group.grpo(scores[:4] / 1e20, ids[:4]))
+    np.testing.assert_allclose(huge[4:], [0.70710677, -0.70710677], rtol=1e-6)
+    stats = group.group_stats(scores, ids, num_groups=3)
+    assert np.all(np.isfinite(stats.std_unbiased)) and np.isclose(stats.std_unbiased[4], 1.41421e38,
+                                                                  rtol=1e-4)
+    # Power-of-two scaling is exact: ordinary magnitudes give the unscaled result bit for bit.
+    values = np.array([0.1, 0.7, 1.9, 5.0], np.float32)
+    plain = np.sqrt(np.sum((values[:3] - values[:3].mean(dtype=np.float32)) ** 2) / 2)
+    assert float(group.group_stats(values, np.array([0, 0, 0, 1]), num_groups=2).std_unbiased[0]) \
+        == pytest.approx(float(plain), rel=1e-6)

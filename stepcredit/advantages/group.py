@@ -148,7 +148,11 @@ def group_stats(values, group_ids, valid=None, *, num_groups: int,
                                                         / count_g         (biased)
 
     computed in two passes (mean first, then squared deviations), so it stays
-    accurate when the values are large compared with their spread. Invalid
+    accurate when the values are large compared with their spread, and on each
+    group's values scaled by a power of two 2^-e with 2^e above their largest
+    magnitude (undone at the end), so squares of any finite float32 do not
+    overflow; power-of-two scaling is exact, so the result is otherwise the
+    unscaled computation's, bit for bit. Invalid
     elements are read only through `jnp.where` (they may hold NaN) and still
     receive their group's statistics.
 
@@ -185,15 +189,22 @@ def group_stats(values, group_ids, valid=None, *, num_groups: int,
 
 def _group_stats(values, ids, valid, num_groups, axis_name) -> GroupStats:
     dtype = values.dtype
+    # 2^e above each group's largest magnitude; 1 for an empty or all-zero group.
+    largest = _segment_extreme(jnp.where(valid, jnp.abs(values), 0.0), ids, num_groups,
+                               axis_name, True)
+    exponent = jnp.frexp(jnp.maximum(largest, 0.0))[1]
+    scale = jnp.ldexp(jnp.ones((), dtype), -exponent)
+    scaled = values * scale[ids]
     count = _segment_sum(valid.astype(dtype), ids, num_groups, axis_name)
-    total = _segment_sum(jnp.where(valid, values, 0.0), ids, num_groups, axis_name)
+    total = _segment_sum(jnp.where(valid, scaled, 0.0), ids, num_groups, axis_name)
     mean = total / jnp.maximum(count, 1.0)
-    deviation = jnp.where(valid, values - mean[ids], 0.0)
+    deviation = jnp.where(valid, scaled - mean[ids], 0.0)
     squares = _segment_sum(deviation**2, ids, num_groups, axis_name)
     var_unbiased = jnp.where(count >= 2, squares / jnp.maximum(count - 1.0, 1.0), 0.0)
     var_biased = squares / jnp.maximum(count, 1.0)
-    return GroupStats(mean=mean[ids], std_unbiased=_safe_sqrt(var_unbiased)[ids],
-                      std_biased=_safe_sqrt(var_biased)[ids], count=count[ids])
+    unscale = lambda x: (x / scale)[ids]  # noqa: E731
+    return GroupStats(mean=unscale(mean), std_unbiased=unscale(_safe_sqrt(var_unbiased)),
+                      std_biased=unscale(_safe_sqrt(var_biased)), count=count[ids])
 
 
 def _segment_extreme(x: jax.Array, ids: jax.Array, num_groups: int, axis_name: str | None,

@@ -30,12 +30,11 @@ from the rows as these `CreditInputs` fields:
 
 Estimators reading an implicit PRM's log-probs are not available offline.
 
-The estimators run in float64 (the inputs are finite in float32, checked as
-the rows enter, so no square or sum of them overflows; in float32, rewards of
-1e20 would overflow a group's variance and give zeros), and their outputs are
-written as float32. An output that is not finite in float32 (returns summing
-rewards near 3.4e38, say) is a `RecordError` naming its first row, raised
-before anything is written.
+The estimators run in float32, as in the trainer (the inputs are finite in
+float32, checked as the rows enter; group statistics scale each group by a
+power of two, so rewards of 1e20 give the credit of rescaled ones). An output
+that is not finite in float32 (returns summing rewards near 3.4e38, say) is a
+`RecordError` naming its first row, raised before anything is written.
 
 Whitening is never inside an estimator; it follows the entry's `whiten`
 default, or `whiten=`: "steps" over all rows, "tokens" over all response tokens (a row's
@@ -68,7 +67,7 @@ from stepcredit.keys import dense_ids
 ADVANTAGE, RETURN = "advantage", "return"
 TOKEN_ADVANTAGES, TOKEN_RETURNS = "token_advantages", "token_returns"
 WHITEN_EPS = 1e-8
-_FLOAT = np.float64  # the estimators' inputs (and, under jax.enable_x64, their arithmetic)
+_FLOAT = np.float32  # the estimators' inputs and arithmetic, as in the trainer
 
 # The CreditInputs fields that step rows hold.
 _OFFLINE_FIELDS = frozenset({"mask", "step_rewards", "step_values", "bootstrap_value", "entropy",
@@ -317,12 +316,9 @@ def _run_batch(plan: _Plan, jitted, batch: LogBatch) -> tuple[np.ndarray, np.nda
     Raises:
       RecordError: an advantage or return not finite in float32, naming its row.
     """
-    import jax
-
     views = _views(batch)
     inputs, b_pad = _inputs(plan, batch, views)
-    with jax.enable_x64(True):
-        advantages, returns = jitted(inputs, _num_groups(plan, b_pad))
+    advantages, returns = jitted(inputs, _num_groups(plan, b_pad))
     if plan.token_output:
         where = _token_positions(views)
     elif plan.entry.output_level == "trajectory":
@@ -455,16 +451,13 @@ def _name(source) -> str:
 
 def _has_returns(plan: _Plan, jitted) -> bool:
     """Whether the estimator gives returns, from its output shapes on a one-row log (not run)."""
-    import jax
-
     row = {"trajectory_id": "0", "group_id": "0", "step_index": 0, "prompt_ids": [0],
            "response_ids": [0], "response_logprobs": [0.0], "reward": 0.0, "done": True,
            "truncated": False, "entropy": 0.0, "value": 0.0, "anchor": "0",
            "response_values": [0.0], "response_entropies": [0.0]}
     batch = LogBatch(0, canonical_records([row], 0), [row], np.asarray([0, 1]))
     inputs, b_pad = _inputs(plan, batch, _views(batch))
-    with jax.enable_x64(True):
-        _, returns = jitted.eval_shape(inputs, _num_groups(plan, b_pad))
+    _, returns = jitted.eval_shape(inputs, _num_groups(plan, b_pad))
     return returns is not None
 
 
