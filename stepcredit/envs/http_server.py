@@ -602,6 +602,33 @@ def _timed_protocol(header_timeout_s: float, body_timeout_s: float) -> type:
     return TimedH11Protocol
 
 
+def build_server(app: Any, *, host: str = "127.0.0.1", port: int = 8000,
+                 header_timeout_s: float = HEADER_TIMEOUT_S,
+                 body_timeout_s: float = BODY_TIMEOUT_S, log_level: str = "warning"):
+    """A `uvicorn.Server` for `app` that cuts off slow requests.
+
+    Args:
+      app: the ASGI app, e.g. from `create_app`.
+      host, port, log_level: see `serve`.
+      header_timeout_s: a connection whose request headers take longer (from
+        its start or their first byte) is closed; default 10 s.
+      body_timeout_s: a connection whose request body takes longer after its
+        headers (e.g. it announced more than it sends) is closed; default 30 s.
+
+    Returns:
+      The server: `.run()` serves until `.should_exit` is set (blocks; it may
+      run in a thread, then without signal handlers).
+    """
+    import uvicorn
+
+    for name, value in (("header_timeout_s", header_timeout_s),
+                        ("body_timeout_s", body_timeout_s)):
+        if value <= 0:
+            raise ValueError(f"{name} must be > 0, got {value}")
+    return uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level=log_level,
+                                         http=_timed_protocol(header_timeout_s, body_timeout_s)))
+
+
 def serve(env_factory: EnvFactory, *, host: str = "127.0.0.1", port: int = 8000,
           dialect: str = "id", max_envs: int = 1024, idle_timeout_s: float = IDLE_TIMEOUT_S,
           max_body_bytes: int = MAX_BODY_BYTES, max_action_chars: int = MAX_ACTION_CHARS,
@@ -615,23 +642,14 @@ def serve(env_factory: EnvFactory, *, host: str = "127.0.0.1", port: int = 8000,
       port: the TCP port (AgentGym's servers default to 8000).
       dialect: "id" or "env_idx", see `create_app`.
       max_envs, idle_timeout_s, max_body_bytes, max_action_chars: see `create_app`.
-      header_timeout_s: a connection whose request headers take longer (from
-        its start or their first byte) is closed; default 10 s.
-      body_timeout_s: a connection whose request body takes longer after its
-        headers (e.g. it announced more than it sends) is closed; default 30 s.
+      header_timeout_s, body_timeout_s: see `build_server`.
       log_level: uvicorn's log level.
     """
-    import uvicorn
-
-    for name, value in (("header_timeout_s", header_timeout_s),
-                        ("body_timeout_s", body_timeout_s)):
-        if value <= 0:
-            raise ValueError(f"{name} must be > 0, got {value}")
     app = create_app(env_factory, dialect=dialect, max_envs=max_envs,
                      idle_timeout_s=idle_timeout_s, max_body_bytes=max_body_bytes,
                      max_action_chars=max_action_chars)
-    uvicorn.run(app, host=host, port=port, log_level=log_level,
-                http=_timed_protocol(header_timeout_s, body_timeout_s))
+    build_server(app, host=host, port=port, header_timeout_s=header_timeout_s,
+                 body_timeout_s=body_timeout_s, log_level=log_level).run()
 
 
 def free_port(host: str = "127.0.0.1") -> int:

@@ -23,7 +23,8 @@ SCHEMA = {"id": "stepcredit", "env_idx": "stepcredit-env_idx"}
 
 @pytest.fixture(scope="module", params=["id", "env_idx"])
 def server(request):
-    with start_server_process(COUNTER, dialect=request.param, pythonpath=[HERE]) as proc:
+    with start_server_process(COUNTER, dialect=request.param, pythonpath=[HERE],
+                              options=["--max-action-chars", "100"]) as proc:
         proc.dialect = request.param
         yield proc
 
@@ -106,6 +107,13 @@ def test_error_key_on_200_raises_with_the_servers_message(server):
     with _env(server) as env:
         with pytest.raises(HttpEnvError, match=r"task must be an int in \[-9, 9\], got 30"):
             env.reset(30)
+
+
+def test_serve_options_reach_the_server(server):
+    with _env(server) as env:
+        env.reset(1)
+        fault = env.step("inc" * 40)
+        assert fault.truncated and "max_action_chars=100" in fault.info["error"]
 
 
 def test_close_releases_the_instance_and_is_idempotent(server):

@@ -3,18 +3,15 @@ whose server restarted ends its episode instead of acting on another client's.""
 
 from __future__ import annotations
 
-import os
-
 import httpx
 import pytest
 from fastapi.testclient import TestClient
 
 from counter_env import CounterEnv
+from live_server import LiveServer
 from stepcredit.envs.http_client import HttpConfig, HttpEnv, HttpEnvError
-from stepcredit.envs.http_server import (BOOT_HEADER, create_app, free_port,
-                                         start_server_process)
+from stepcredit.envs.http_server import BOOT_HEADER, create_app
 
-HERE = os.path.dirname(os.path.abspath(__file__))
 FAST = HttpConfig(timeout_s=1.0, connect_timeout_s=0.5, close_timeout_s=0.5, retries=2,
                   backoff_s=0.05, backoff_max_s=0.2)
 
@@ -55,14 +52,12 @@ def test_answers_carry_the_boot_id_and_a_stale_one_is_refused():
 
 
 def test_restarted_server_ends_the_old_episode_and_spares_the_new_clients():
-    port = free_port()
-    first = start_server_process("counter_env:CounterEnv", port=port, pythonpath=[HERE])
+    first = LiveServer(create_app(CounterEnv))
     old = HttpEnv(first.url, config=FAST)
     old.reset(3)
     assert old.step("inc").observation.text == "The counter shows 1."
-    first.kill()
     first.stop()
-    with start_server_process("counter_env:CounterEnv", port=port, pythonpath=[HERE]) as second:
+    with LiveServer(create_app(CounterEnv), port=first.port) as second:
         new = HttpEnv(second.url, config=FAST)
         new.reset(3)
         fault = old.step("inc")  # the old instance is gone; `new` must not move
