@@ -12,14 +12,20 @@ the AgentGym servers (FastAPI on uvicorn), in either dialect:
 
 Both also answer `GET /observation`, `GET /available_actions` (with `?id=` or
 `?env_idx=`) and `POST /close`, plus `GET /info` (environment name, step limit,
-dialect) and `GET /stats` (live instances, requests per path). Reset accepts
-the task under any of AgentGym's field names (`data_idx`, `game`, `session_id`,
-`item_id`, `task`). Answers carry `anchor`, `task`, `truncated` and the step
-`info` as extra keys, which AgentGym clients ignore; `done` is true on
-truncation too, because AgentGym clients stop only on `done`.
+dialect) and `GET /stats` (live and expired instances, the boot id, requests
+per path). Reset accepts the task under any of AgentGym's field names
+(`data_idx`, `game`, `session_id`, `item_id`, `task`). Answers carry `anchor`,
+`task`, `truncated` and the step `info` as extra keys, which AgentGym clients
+ignore; `done` is true on truncation too, because AgentGym clients stop only on
+`done`.
 
 Errors come back as HTTP 200 with `{"error": "..."}`, as the AgentGym servers
-do, including a step on a finished episode (their `_check_id`).
+do, including a step on a finished episode (their `_check_id`); a body over
+`max_body_bytes` is answered HTTP 413.
+
+Limits (see `create_app` and `build_server`): an instance idle for
+`idle_timeout_s` expires, freeing its slot; bodies and actions are
+size-limited; a connection slow to send its headers or body is closed.
 
 Identity: each start draws a random boot id and a random first instance id, so
 ids (still integers, below 2**53) do not repeat across restarts and an old
