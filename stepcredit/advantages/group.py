@@ -192,7 +192,9 @@ def _group_stats(values, ids, valid, num_groups, axis_name) -> GroupStats:
     # 2^e above each group's largest magnitude; 1 for an empty or all-zero group.
     largest = _segment_extreme(jnp.where(valid, jnp.abs(values), 0.0), ids, num_groups,
                                axis_name, True)
-    exponent = jnp.frexp(jnp.maximum(largest, 0.0))[1]
+    # Clipped so that 2^-e stays a normal number (XLA flushes subnormals to zero).
+    info = jnp.finfo(dtype)
+    exponent = jnp.clip(jnp.frexp(jnp.maximum(largest, 0.0))[1], info.minexp + 1, info.maxexp - 2)
     scale = jnp.ldexp(jnp.ones((), dtype), -exponent)
     scaled = values * scale[ids]
     count = _segment_sum(valid.astype(dtype), ids, num_groups, axis_name)
