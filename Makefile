@@ -30,7 +30,7 @@ test: $(VENV)/.installed-test
 	$(BIN)/python -m pytest
 
 bench: $(VENV)/.installed-test
-	$(BIN)/python -m benchmarks.run
+	$(BIN)/python -m benchmarks.run --output benchmarks/RESULTS.md
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache .hypothesis

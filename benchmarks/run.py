@@ -1,6 +1,7 @@
 """Credit-assignment kernels side by side with their peers, in one process.
 
-    python -m benchmarks.run            # full suite, writes benchmarks/RESULTS.md
+    python -m benchmarks.run            # full suite, writes runs/benchmarks/RESULTS.md
+    python -m benchmarks.run --output benchmarks/RESULTS.md   # updates the committed table
     python -m benchmarks.run --quick    # small sizes, a few repetitions
 
 Every row is a median over repeated calls after a warm-up call (compile time is
@@ -257,6 +258,7 @@ def write_markdown(table, path, command):
         error = f"{row['error']:.1e}" if row["error"] is not None else "-"
         lines.append(f"| {row['kernel']} | {row['size']} | {row['impl']} | {row['ms']:.3f} | "
                      f"{floor_ms:.3f} | {row['ms'] / floor_ms:.1f} | {loop} | {compile_s} | {error} |")
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     with open(path, "w") as f:
         f.write("\n".join(lines) + "\n")
 
@@ -272,7 +274,9 @@ def main(argv=None):
     parser.add_argument("--num-groups", type=int, default=512)
     parser.add_argument("--seconds", type=float, default=1.0, help="time spent per row, at least")
     parser.add_argument("--reps", type=int, default=50, help="most calls per row")
-    parser.add_argument("--output", default=os.path.join(os.path.dirname(__file__), "RESULTS.md"))
+    parser.add_argument("--output", default=os.path.join("runs", "benchmarks", "RESULTS.md"),
+                        help="where the table goes (an uncommitted path by default; pass "
+                             "benchmarks/RESULTS.md to update the committed table)")
     args = parser.parse_args(argv)
     if args.quick:
         args.lengths, args.token_lengths = [16, 1024], [4096]
