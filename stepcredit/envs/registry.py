@@ -34,6 +34,18 @@ def register(name: str, constructor: Callable[..., Env] | str) -> None:
     _ENTRIES[name] = constructor
 
 
+def unregister(name: str) -> None:
+    """Removes the environment registered as `name`.
+
+    Raises:
+      ValueError: `name` is not registered.
+    """
+    if name not in _ENTRIES:
+        raise ValueError(f"unregister: unknown environment {name!r}; registered: "
+                         f"{', '.join(names())}")
+    del _ENTRIES[name]
+
+
 def make(name: str, **kwargs: Any) -> Env:
     """A new environment.
 

@@ -348,3 +348,16 @@ def test_settings_the_estimator_cannot_take_stop_the_run_before_it_starts(tmp_pa
         err = capsys.readouterr().err
         assert err.startswith("stepcredit train: ") and message in err and err.count("\n") == 1
     assert not any((tmp_path / name).exists() for name in cases)
+
+
+def test_an_environment_registered_by_name_trains(tmp_path):
+    from stepcredit.envs import registry as env_registry
+    from stepcredit.envs.alfworld import AlfWorldEnv
+
+    env_registry.register("household_copy", lambda **kwargs: AlfWorldEnv(**kwargs))
+    try:
+        rows = train(tmp_path, "household_copy", "grpo")
+        assert rows[0]["rollout/steps_per_episode"] > 0
+        assert build_tokenizer("household_copy").vocab_size == build_tokenizer("alfworld").vocab_size
+    finally:
+        env_registry.unregister("household_copy")
