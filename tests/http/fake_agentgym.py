@@ -17,6 +17,13 @@ from typing import Any, Callable
 Route = Callable[[dict], tuple[int, Any]]
 
 
+class _QuietServer(http.server.ThreadingHTTPServer):
+    daemon_threads = True
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        pass  # a client that timed out before the answer: expected in the fault tests
+
+
 class FakeServer:
     """A threaded HTTP server on 127.0.0.1 serving `routes` ("POST /step" -> Route)."""
 
@@ -62,8 +69,7 @@ class FakeServer:
             def log_message(self, *args: Any) -> None:
                 pass  # keep test output clean
 
-        self._server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self._server.daemon_threads = True
+        self._server = _QuietServer(("127.0.0.1", 0), Handler)
         self.url = f"http://127.0.0.1:{self._server.server_address[1]}"
         self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
 
