@@ -18,7 +18,7 @@ _grpo = jax.jit(group.grpo, static_argnames=("num_groups", "std", "singleton", "
 _rloo = jax.jit(group.rloo, static_argnames=("num_groups", "singleton", "axis_name"))
 _rpp_baseline = jax.jit(group.reinforce_pp_baseline,
                         static_argnames=("num_groups", "singleton", "axis_name"))
-_rpp = jax.jit(group.reinforce_pp, static_argnames=("method",))
+_rpp = jax.jit(group.reinforce_pp, static_argnames=("masked", "method"))
 
 
 def _close(actual, expected, tol=1e-5):
@@ -117,8 +117,9 @@ def test_reinforce_pp_matches_reference(method):
     mask = rng.random((B, 12)) < 0.7
     mask[0] = False                        # an empty row
     rewards[~mask] = np.nan
-    expected = ref.reinforce_pp(rewards, mask, 0.97)
-    _close(_rpp(rewards, mask, gamma=0.97, method=method), expected)
+    for masked in ("carry", "reset"):
+        expected = ref.reinforce_pp(rewards, mask, 0.97, masked)
+        _close(_rpp(rewards, mask, gamma=0.97, masked=masked, method=method), expected)
     assert not np.asarray(_rpp(rewards, mask, gamma=0.97, method=method))[0].any()
 
 
@@ -132,7 +133,7 @@ def test_docstring_examples():
     _close(_rpp_baseline(scores, ids), [2 / 3, -1 / 3, -1 / 3, 0.0])
     _close(_rpp(jnp.array([[0.0, 0.0, 1.0, jnp.nan, 0.0, 2.0]]),
                               jnp.array([[1, 1, 1, 0, 1, 1]], bool), gamma=0.5),
-           [[0.25, 0.5, 1.0, 0.0, 1.0, 2.0]])
+           [[0.375, 0.75, 1.5, 0.0, 1.0, 2.0]])
 
 
 def _verl_grpo(scores, index, epsilon=1e-6):
@@ -262,7 +263,7 @@ def test_registry_entries_and_exports():
         "grpo": ({"std": "unbiased", "eps": 1e-6, "singleton": "zero"}, "none"),
         "drgrpo": ({"std": "none", "singleton": "zero"}, "none"),
         "rloo": ({"singleton": "zero"}, "none"),
-        "reinforce_pp": ({"gamma": 1.0}, "tokens"),
+        "reinforce_pp": ({"gamma": 1.0, "masked": "carry"}, "tokens"),
         "reinforce_pp_baseline": ({"singleton": "zero"}, "tokens"),
     }
     for name, (defaults, whiten) in expected.items():
@@ -304,3 +305,12 @@ def test_huge_but_finite_scores_normalise_like_rescaled_ones():
     plain = np.sqrt(np.sum((values[:3] - values[:3].mean(dtype=np.float32)) ** 2) / 2)
     assert float(group.group_stats(values, np.array([0, 0, 0, 1]), num_groups=2).std_unbiased[0]) \
         == pytest.approx(float(plain), rel=1e-6)
+
+
+def test_reinforce_pp_carries_its_return_across_masked_spans_or_resets_there():
+    rewards = np.array([[0, 0, 1, np.nan, 0, 2]], np.float32)
+    mask = np.array([[True, True, True, False, True, True]])
+    _close(group.reinforce_pp(rewards, mask, gamma=0.5), [[0.375, 0.75, 1.5, 0, 1, 2]])
+    _close(group.reinforce_pp(rewards, mask, gamma=0.5, masked="reset"), [[0.25, 0.5, 1, 0, 1, 2]])
+    with pytest.raises(ValueError, match="reinforce_pp: masked='skip'"):
+        group.reinforce_pp(rewards, mask, masked="skip")

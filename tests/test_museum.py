@@ -156,12 +156,6 @@ def test_verl_pr_2337_observation_tokens_are_masked_in_multi_turn_gae():
     assert np.abs(unmasked - expected).max() > 0.05
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "stepcredit bug: the 'reinforce_pp' registry entry runs reinforce_pp over action_mask = "
-    "step_index >= 0, and reinforce_pp resets its return at every masked position, so on "
-    "collate's default token view (with_observations=True) the outcome reward never reaches "
-    "the steps before an observation span (verl issue 7278, fixed there by PR 7300); "
-    "token_gae on the same view is unaffected"))
 def test_verl_issue_7278_reinforce_pp_return_crosses_observation_spans():
     """verl's REINFORCE++ reset its running return at every response_mask 0, so in a
     multi-turn response the tool-observation tokens cut the return and the outcome reward

@@ -411,23 +411,29 @@ def reinforce_pp_baseline(scores, group_ids, *, num_groups: int | None = None,
                      False)
 
 
-def reinforce_pp(token_rewards, mask, *, gamma: float = 1.0,
+def reinforce_pp(token_rewards, mask, *, gamma: float = 1.0, masked: str = "carry",
                  method: Method = "sequential") -> jax.Array:
-    """REINFORCE++'s token-level discounted return, reset at masked positions.
+    """REINFORCE++'s token-level discounted return over valid tokens.
 
-        G_n = r_n + gamma G_{n+1} mask_{n+1}      at valid tokens n, else 0
+        G_n = r_n + gamma G_{next(n)}      at valid tokens n, else 0
 
-    so the return never flows across a masked position: it restarts after
-    padding (verl resets the running return where the response mask is 0).
-    The caller whitens G over all valid tokens of the batch (`masked_whiten`;
-    the registry entry's whiten="tokens"); there is no critic and no group
-    baseline. A KL penalty, when used, is folded into `token_rewards` first.
+    with next(n) the next valid token of the row (masked="carry": masked
+    positions, such as observation tokens between agent steps, pass the return
+    through undiscounted, as verl does since its pull request 7300), or with
+    the return reset at every masked position (masked="reset": G_n = r_n +
+    gamma G_{n+1} mask_{n+1}, verl's rule before it, which cuts the return at
+    each observation span). Padding after the last valid token contributes 0
+    either way. The caller whitens G over all valid tokens of the batch
+    (`masked_whiten`; the registry entry's whiten="tokens"); there is no critic
+    and no group baseline. A KL penalty, when used, is folded into
+    `token_rewards` first.
 
     Args:
       token_rewards: `[B, N]` token rewards (the outcome on the last action
         token, plus any per-token penalty).
       mask: `[B, N]` bool, True on action tokens; masked entries may hold NaN.
       gamma: discount in [0, 1] (verl's default 1).
+      masked: "carry" (default) or "reset", as above.
       method: "sequential" or "associative" scan.
 
     Returns:
@@ -435,29 +441,26 @@ def reinforce_pp(token_rewards, mask, *, gamma: float = 1.0,
 
     Raises:
       ValueError / TypeError: wrong rank, shape or dtype; gamma outside
-        [0, 1]; called eagerly, NaN or inf at a valid token.
+        [0, 1]; an unknown `masked`; called eagerly, NaN or inf at a valid token.
 
     References:
       Hu, "REINFORCE++: An Efficient RLHF Algorithm with Robustness to Both
       Prompt and Reward Models", arXiv 2501.03262.
 
-    Notes:
-      Because the return resets at every masked position, pass the trajectory
-      view whose `[B, N]` holds action tokens only (padding at the end): with
-      observation tokens masked between agent steps, the return would be cut
-      at each step boundary, which is what verl's loop does on such a mask.
-
     Example: token_rewards [[0, 0, 1, NaN, 0, 2]], mask [[T, T, T, F, T, T]],
-    gamma 0.5 gives [[0.25, 0.5, 1, 0, 1, 2]].
+    gamma 0.5 gives [[0.375, 0.75, 1.5, 0, 1, 2]] with masked="carry" and
+    [[0.25, 0.5, 1, 0, 1, 2]] with masked="reset".
     """
     fn = "reinforce_pp"
     token_rewards = _checks.float_array(fn, "token_rewards", token_rewards, rank=2)
     mask = _checks.bool_array(fn, "mask", mask, rank=2)
     _checks.same_shape(fn, "[B, N]", token_rewards=token_rewards, mask=mask)
     _checks.unit_interval(fn, gamma=gamma)
+    _check_option(fn, "masked", masked, ("carry", "reset"))
     _checks.finite_where(fn, "token_rewards", token_rewards, mask)
     clean_rewards = jnp.where(mask, token_rewards, 0.0)
+    carried = 1.0 if masked == "carry" else 0.0
     returns = reverse_linear_recurrence(
-        clean_rewards, jnp.where(mask, gamma, 0.0).astype(token_rewards.dtype),
+        clean_rewards, jnp.where(mask, gamma, carried).astype(token_rewards.dtype),
         jnp.zeros_like(clean_rewards[:, 0]), method=method)
     return jnp.where(mask, returns, 0.0)

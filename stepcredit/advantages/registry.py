@@ -324,8 +324,10 @@ for _entry in (
               "Back to Basics: Revisiting REINFORCE Style Optimization (RLOO), arXiv 2402.14740",
               output_level="trajectory", options=_GROUPS),
     Estimator("reinforce_pp", group.reinforce_pp,
-              {"token_rewards": "token_rewards", "mask": "action_mask"}, {"gamma": 1.0},
-              "REINFORCE++, arXiv 2501.03262; gamma 1 is verl's default",
+              {"token_rewards": "token_rewards", "mask": "action_mask"},
+              {"gamma": 1.0, "masked": "carry"},
+              "REINFORCE++, arXiv 2501.03262; gamma 1 is verl's default, and the return "
+              "carries across observation tokens (verl since its pull request 7300)",
               output_level="token", whiten="tokens", options=_METHOD),
     Estimator("reinforce_pp_baseline", group.reinforce_pp_baseline, _SCORES,
               {"singleton": "zero"}, "REINFORCE++(-baseline), arXiv 2501.03262",

@@ -283,8 +283,9 @@ def compute_reinforce_plus_plus_outcome_advantage(token_level_rewards, response_
     """
     rewards, mask = _rows(token_level_rewards, response_mask,
                           "compute_reinforce_plus_plus_outcome_advantage")
+    # verl 0.8's rule: the return restarts wherever response_mask is 0.
     returns = apply("reinforce_pp", CreditInputs(token_rewards=rewards, action_mask=mask),
-                    {"gamma": float(gamma)}).advantages
+                    {"gamma": float(gamma), "masked": "reset"}).advantages
     advantages = normalize.masked_whiten(returns, mask)
     return _like(advantages, token_level_rewards), _like(returns, token_level_rewards)
 

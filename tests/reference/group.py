@@ -71,8 +71,9 @@ def reinforce_pp_baseline(scores, group_ids, singleton="zero"):
     return out
 
 
-def reinforce_pp(token_rewards, mask, gamma):
-    """verl's loop: running = r_t + gamma running; running is reset to 0 after a masked position."""
+def reinforce_pp(token_rewards, mask, gamma, masked="carry"):
+    """verl's loop: running = r_t + gamma running at valid tokens; at a masked position the
+    return passes through (masked="carry", verl since PR 7300) or is reset to 0 ("reset")."""
     token_rewards = np.asarray(token_rewards, np.float64)
     out = np.zeros_like(token_rewards)
     for b in range(token_rewards.shape[0]):
@@ -81,6 +82,6 @@ def reinforce_pp(token_rewards, mask, gamma):
             if mask[b, t]:
                 running = token_rewards[b, t] + gamma * running
                 out[b, t] = running
-            else:
+            elif masked == "reset":
                 running = 0.0
     return out
