@@ -176,12 +176,11 @@ class EnvPool:
         self._running = [False] * len(self._envs)
         if self._executor is not None:
             self._executor.shutdown(wait=True)
-        first_error: BaseException | None = None
-        for env in self._envs:
-            try:
-                env.close()
-            except Exception as e:  # noqa: BLE001 - re-raised below, after the rest are closed
-                first_error = first_error or e
+        # In parallel: closing N instances of an HTTP server that stopped answering
+        # then costs one close timeout, not N of them.
+        with concurrent.futures.ThreadPoolExecutor(max(1, min(len(self._envs), 16))) as closer:
+            errors = list(closer.map(_close_quietly, self._envs))
+        first_error = next((e for e in errors if e is not None), None)
         if first_error is not None:
             raise first_error
 
@@ -204,3 +203,12 @@ class EnvPool:
     def _check_open(self, method: str) -> None:
         if self._closed:
             raise RuntimeError(f"EnvPool.{method}: the pool is closed")
+
+
+def _close_quietly(env) -> BaseException | None:
+    """Closes `env`; returns its failure instead of raising it (re-raised by the caller)."""
+    try:
+        env.close()
+    except Exception as error:  # noqa: BLE001
+        return error
+    return None

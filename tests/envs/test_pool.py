@@ -153,3 +153,27 @@ def test_registry():
         make("chess")
     with pytest.raises(ValueError, match="already registered"):
         register("webshop", AlfWorldEnv)
+
+
+def test_closing_a_pool_closes_its_environments_in_parallel():
+    import threading
+    import time
+
+    from stepcredit.envs.pool import EnvPool
+
+    class SlowToClose:
+        max_steps = 3
+
+        def __init__(self):
+            self.closed = threading.Event()
+
+        def close(self):
+            time.sleep(0.3)  # an HTTP instance whose server stopped answering
+            self.closed.set()
+
+    envs = [SlowToClose() for _ in range(6)]
+    pool = EnvPool(envs)
+    started = time.monotonic()
+    pool.close()
+    assert all(env.closed.is_set() for env in envs)
+    assert time.monotonic() - started < 1.2  # one after another: 1.8 s
