@@ -36,8 +36,15 @@ USER_ERRORS = (ValueError, KeyError, FileNotFoundError, FileExistsError, Permiss
                IsADirectoryError, NotADirectoryError)
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse, with a bad argument reported in one line instead of the usage block."""
+
+    def error(self, message: str):
+        self.exit(2, f"{self.prog}: {message} (see {self.prog} --help)\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="stepcredit",
         description="Step-level credit assignment for agentic RL of language models.")
     parser.add_argument("--version", action="version", version=f"stepcredit {importlib.metadata.version('stepcredit')}")

@@ -52,3 +52,11 @@ def test_version():
     out = subprocess.run([sys.executable, "-m", "stepcredit.cli", "--version"], check=True,
                          capture_output=True, text=True).stdout
     assert out.startswith("stepcredit ") and out.strip() != "stepcredit"
+
+
+def test_a_malformed_argument_is_one_line_too(capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        main(["train", "--set", "lam"])
+    assert exit_info.value.code == 2
+    assert capsys.readouterr().err == ("stepcredit train: argument --set: --set 'lam': expected "
+                                       "key=value (see stepcredit train --help)\n")
