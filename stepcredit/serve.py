@@ -13,6 +13,7 @@ import json
 import sys
 
 from stepcredit.envs import http_server
+from stepcredit.envs.agentgym_dialects import DIALECTS
 
 HELP = "Serve a stepcredit environment over the AgentGym HTTP protocol (FastAPI + uvicorn)."
 
@@ -41,9 +42,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--host", default="127.0.0.1",
                         help="interface to bind (0.0.0.0 exposes it to the network)")
     parser.add_argument("--port", type=int, default=8000, help="TCP port (AgentGym's default)")
-    parser.add_argument("--dialect", choices=("id", "env_idx"), default="id",
-                        help="AgentGym family to mimic: id (ALFWorld, BabyAI, SciWorld, "
-                             "TextCraft) or env_idx (WebShop, SQLGym, SearchQA)")
+    parser.add_argument("--dialect", choices=DIALECTS, default="id",
+                        help="what to answer as: stepcredit's own id (ALFWorld's family) or "
+                             "env_idx (WebShop's family), with extra keys for HttpEnv; or "
+                             "alfworld, webshop, searchqa: field for field as that original "
+                             "AgentGym server, goal text and errors included")
+    parser.add_argument("--max-steps", type=_number(int, 0), default=None,
+                        help="end an episode (done=true) at this many steps; 0: no limit. "
+                             "Default: no limit in the alfworld, webshop and searchqa "
+                             "dialects, as the original servers (the client decides how many "
+                             "rounds to play); the environment's own limit in id and env_idx")
     parser.add_argument("--max-envs", type=_number(int, 1), default=1024,
                         help="most live environment instances; /create beyond it is refused")
     parser.add_argument("--idle-timeout-s", type=_number(float, 0),
@@ -81,6 +89,7 @@ def run(args: argparse.Namespace) -> int:
     http_server.serve(factory, host=args.host, port=args.port, dialect=args.dialect,
                       max_envs=args.max_envs, idle_timeout_s=args.idle_timeout_s,
                       max_body_bytes=args.max_body_bytes, max_action_chars=args.max_action_chars,
+                      max_steps=args.max_steps,
                       header_timeout_s=args.header_timeout_s, body_timeout_s=args.body_timeout_s,
                       log_level=args.log_level)
     return 0

@@ -333,6 +333,12 @@ class AlfWorldEnv(SimulatorEnv):
         """See the module function `vocabulary`."""
         return vocabulary()
 
+    @property
+    def task_type(self) -> str | None:
+        """The current (or last) task's type, one of `TASK_TYPES`; None before
+        the first reset."""
+        return None if self._task is None else self._task.task_type
+
     # --- episode --------------------------------------------------------------
     def _start(self, index: int) -> Observation:
         c = self.config

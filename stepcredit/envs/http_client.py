@@ -223,7 +223,8 @@ class HttpEnv:
         served = (self._request("GET", "/info", idempotent=True, deadline=deadline)
                   if self.schema.stepcredit_extras else {})
         self.name: str = name or served.get("name", self.schema.name)
-        self.max_steps: int = max_steps or int(served.get("max_steps", self.schema.max_steps))
+        # A server without a step limit answers `max_steps: null`: the schema's applies.
+        self.max_steps: int = max_steps or int(served.get("max_steps") or self.schema.max_steps)
         # Retried like an idempotent request: a create that timed out but succeeded
         # leaves an orphan instance on the server, which beats failing a batch.
         created, self._boot = self._request("POST", "/create", json=dict(self.schema.create_body),

@@ -1,27 +1,61 @@
 """Serves any stepcredit environment over the AgentGym HTTP protocol.
 
 The server hosts many instances of one environment keyed by an integer, like
-the AgentGym servers (FastAPI on uvicorn), in either dialect:
+the AgentGym servers (FastAPI on uvicorn), in one of five dialects.
 
-- "id" (ALFWorld's): `POST /create` -> `{"id": int}`; `POST /reset
+stepcredit's own two, for `HttpEnv` (schemas "stepcredit" and
+"stepcredit-env_idx"):
+
+- "id" (ALFWorld's family): `POST /create` -> `{"id": int}`; `POST /reset
   {"id", "data_idx"}` -> `{"id", "observation", "available_actions", ...}`;
   `POST /step {"id", "action"}` -> `{"observation", "reward", "done", ...}`.
-- "env_idx" (WebShop's): `POST /create` -> bare int; `POST /reset
+- "env_idx" (WebShop's family): `POST /create` -> bare int; `POST /reset
   {"env_idx", "session_id"}` -> `[observation, extras]`; `POST /step
   {"env_idx", "action"}` -> `{"state", "reward", "done", "info", ...}`.
 
 Both also answer `GET /observation`, `GET /available_actions` (with `?id=` or
-`?env_idx=`) and `POST /close`, plus `GET /info` (environment name, step limit,
-dialect) and `GET /stats` (live and expired instances, the boot id, requests
-per path). Reset accepts the task under any of AgentGym's field names
-(`data_idx`, `game`, `session_id`, `item_id`, `task`). Answers carry `anchor`,
-`task`, `truncated` and the step `info` as extra keys, which AgentGym clients
-ignore; `done` is true on truncation too, because AgentGym clients stop only on
-`done`.
+`?env_idx=`) and `POST /close`. Reset accepts the task under any of AgentGym's
+field names (`data_idx`, `game`, `session_id`, `item_id`, `task`). Answers
+carry `anchor`, `task`, `truncated` and the step `info` as extra keys, which
+AgentGym clients ignore; `done` is true on truncation too, because AgentGym
+clients stop only on `done`. The observation text is the environment's, without
+the goal (which is in `task`).
 
-Errors come back as HTTP 200 with `{"error": "..."}`, as the AgentGym servers
-do, including a step on a finished episode (their `_check_id`); a body over
-`max_body_bytes` is answered HTTP 413.
+Three that answer field for field as an original AgentGym server (AgentGym
+snapshot 3ef9235), for AgentGym's own clients, with the goal in the text the
+client shows (see `agentgym_dialects`):
+
+- "alfworld": reset `{"id", "game", "world_type"}` (one of Text, Embody,
+  Hybrid) -> `{"id", "observation", "available_actions", "task_type"}`, the
+  observation ending with "\nYour task is to: ..."; step -> `{"observation",
+  "reward", "available_actions", "done"}`; `GET /detail`. Errors are HTTP 200
+  `{"error": ...}`, as the original's `_check_id`.
+- "webshop": reset `{"env_idx", "session_id"}` -> `[page, null]` (no
+  `session_id`: a random goal); step -> `{"state", "reward", "done", "info":
+  null}`; pages read `WebShop [SEP] Instruction: [SEP] <instruction> [SEP]
+  Search` (results and item pages start with the instruction); an invalid action
+  leaves the page unchanged; `GET /available_actions` -> `{"has_search_bar",
+  "clickables"}`, `/instruction_text`, `/state` -> `{"url", "html",
+  "instruction_text"}`, `/list_envs`; `POST /close` -> `{"closed"}`.
+- "searchqa" (for the HotpotQA simulator): create `{"id"}` -> bare int; reset
+  `{"env_idx", "id": task}` -> the question text; step -> `{"observation",
+  "reward", "done", "info": null}`, the action's first `<search> q </search>`,
+  `<answer> a </answer>` (or stepcredit's `<lookup> k </lookup>`) played as
+  `search[q]`, `finish[a]`, `lookup[k]`; `POST /close` -> bool.
+
+In "webshop" and "searchqa" an error is an HTTP error status (400 for a
+client's mistake, 500 for an environment's failure) with `{"detail": ...}`:
+their clients assert a 200, and the original servers have no error answers.
+Every dialect answers `GET /info` (environment name, step limit, dialect) and
+`GET /stats` (live and expired instances, the boot id, requests per path).
+
+Step limit (`create_app(max_steps=...)`, `stepcredit serve --max-steps`): none by
+default in the AgentGym dialects, as the original servers (the client decides
+how many rounds to play); the environment's own in the native ones.
+
+Errors in the native dialects come back as HTTP 200 with `{"error": "..."}`, as
+the AgentGym servers of the `id` family do, including a step on a finished
+episode (their `_check_id`); a body over `max_body_bytes` is answered HTTP 413.
 
 Limits (see `create_app` and `build_server`): an instance idle for
 `idle_timeout_s` expires, freeing its slot; bodies and actions are
@@ -55,7 +89,7 @@ import threading
 import time
 from typing import Any, Callable, Mapping, Sequence
 
-from stepcredit.envs.agentgym_schema import FAMILIES
+from stepcredit.envs import agentgym_dialects as ag
 from stepcredit.envs.base import Env, Observation
 
 _log = logging.getLogger(__name__)
@@ -66,6 +100,13 @@ EnvFactory = Callable[[], Env]
 # `game`, BabyAI/SciWorld/TextCraft `data_idx`, WebShop `session_id`, SQLGym
 # `item_id`), plus our own `task` for tasks that are not integers.
 _TASK_FIELDS = ("task", "data_idx", "game", "session_id", "item_id")
+
+# The field each AgentGym dialect's client sends the task in, looked at first
+# (SearchQA's is `id`, which the `id` family uses for the instance).
+_DIALECT_TASK_FIELD = {"alfworld": "game", "webshop": "session_id", "searchqa": "id"}
+
+# An environment's step limit when the server sets none: larger than any episode.
+_NO_LIMIT = sys.maxsize
 
 # The response header naming the server's start (and the request header that
 # names the start a client expects); AgentGym clients ignore unknown headers.
@@ -111,6 +152,11 @@ class _Slot:
     observation: Observation | None = None
     finished: bool = False
     closed: bool = False
+    steps: int = 0
+    # What the dialect showed last (the page text for WebShop) and its
+    # per-episode facts (ALFWorld's `/detail`).
+    shown: str = ""
+    detail: dict = dataclasses.field(default_factory=dict)
 
 
 def _jsonable(value: Any) -> Any:
@@ -149,8 +195,9 @@ class _EnvHost:
     """
 
     def __init__(self, factory: EnvFactory, max_envs: int, first_id: int,
-                 idle_timeout_s: float):
+                 idle_timeout_s: float, max_steps: int | None = None):
         self._factory = factory
+        self._max_steps = max_steps
         self._max_envs = max_envs
         self._idle_timeout_s = idle_timeout_s
         self._slots: dict[int, _Slot] = {}
@@ -268,7 +315,7 @@ class _EnvHost:
                 observation = slot.env.reset(task)
             except (ValueError, TypeError, LookupError) as e:
                 raise _ProtocolError(f"{type(e).__name__}: {_clip(str(e))}") from e
-            slot.observation, slot.finished = observation, False
+            slot.observation, slot.finished, slot.steps = observation, False, 0
             return observation
 
     def step(self, idx: Any, action: Any) -> tuple[Observation, float, bool, bool, dict]:
@@ -281,10 +328,23 @@ class _EnvHost:
             if slot.finished:
                 raise _ProtocolError(f"environment {idx} is done; reset it before stepping")
             result = slot.env.step(action)
+            slot.steps += 1
+            truncated = bool(result.truncated) or (
+                self._max_steps is not None and not result.done
+                and slot.steps >= self._max_steps)
             slot.observation = result.observation
-            slot.finished = result.done or result.truncated
-            return (result.observation, float(result.reward), bool(result.done),
-                    bool(result.truncated), dict(result.info))
+            slot.finished = result.done or truncated
+            return (result.observation, float(result.reward), bool(result.done), truncated,
+                    dict(result.info))
+
+    def slot(self, idx: Any) -> _Slot:
+        """The live instance `idx` (for a dialect's own bookkeeping)."""
+        return self._slot(idx)
+
+    def ids(self) -> list[int]:
+        """The ids of the live instances."""
+        with self._lock:
+            return list(self._slots)
 
     def observation(self, idx: Any) -> Observation:
         slot = self._slot(idx)
@@ -310,16 +370,30 @@ class _EnvHost:
             self._close_env(idx, slot)
 
 
+def _limit_steps(env: Env, limit: int | None) -> Env:
+    """Sets `env.max_steps` to the server's limit (`limit`, or none), so that the
+    environment itself does not cut an episode the server lets run; an
+    environment whose `max_steps` cannot be set keeps its own limit."""
+    try:
+        env.max_steps = _NO_LIMIT if limit is None else limit
+    except (AttributeError, TypeError):
+        _log.warning("%s: cannot set max_steps; its own step limit stays", type(env).__name__)
+    return env
+
+
 def create_app(env_factory: EnvFactory, *, dialect: str = "id", max_envs: int = 1024,
                idle_timeout_s: float = IDLE_TIMEOUT_S, max_body_bytes: int = MAX_BODY_BYTES,
-               max_action_chars: int = MAX_ACTION_CHARS):
+               max_action_chars: int = MAX_ACTION_CHARS, max_steps: int | None = None):
     """Builds the FastAPI app that serves `env_factory`'s environments.
 
     Args:
       env_factory: makes one fresh environment per `/create`. It is called once
         here too, to check it and read the environment's name and step limit.
-      dialect: "id" (ALFWorld, BabyAI, SciWorld, TextCraft) or "env_idx"
-        (WebShop, SQLGym, SearchQA): which AgentGym family the server mimics.
+      dialect: stepcredit's own "id" (ALFWorld's family: BabyAI, SciWorld,
+        TextCraft) or "env_idx" (WebShop's family: SQLGym, SearchQA), whose
+        answers carry stepcredit's extra keys for `HttpEnv`; or "alfworld",
+        "webshop" or "searchqa", which answer field for field as that original
+        AgentGym server (see the module docstring).
       max_envs: the most live instances; `/create` beyond it answers an error
         (WebShop's server silently hands out existing ids instead).
       idle_timeout_s: an instance no request has named for this long (default
@@ -329,11 +403,20 @@ def create_app(env_factory: EnvFactory, *, dialect: str = "id", max_envs: int = 
         is answered HTTP 413 without being read further.
       max_action_chars: the longest action (default 65536 characters); a
         longer one is refused without stepping.
+      max_steps: the step limit: the step that reaches it without finishing
+        answers `done` (and `truncated` in the native dialects). None (the
+        default) means the environment's own limit in the native dialects
+        (which `HttpEnv` reads from `/info`) and no limit in the AgentGym
+        dialects, as the original servers, whose client decides how many
+        rounds to play; 0 means no limit in any dialect.
 
     Client mistakes (a bad id, body, task or action) are answered `{"error":
-    ...}` and logged in one line; an environment's own failure is answered the
-    same way and logged with its traceback. Messages quote at most a short
-    prefix of a bad value.
+    ...}` with HTTP 200 in the native and ALFWorld dialects, and with HTTP 400
+    `{"detail": ...}` in the WebShop and SearchQA dialects, whose clients
+    assert a 200 (the original servers fail with an error status); they are
+    logged in one line. An environment's own failure is answered the same way
+    (HTTP 500 in those two dialects) and logged with its traceback. Messages
+    quote at most a short prefix of a bad value.
 
     Returns:
       A `fastapi.FastAPI` app; run it with `serve` (which adds header and body
@@ -344,25 +427,37 @@ def create_app(env_factory: EnvFactory, *, dialect: str = "id", max_envs: int = 
     from fastapi.responses import JSONResponse, Response
     from starlette.requests import ClientDisconnect
 
-    if dialect not in FAMILIES:
-        raise ValueError(f"dialect must be one of {FAMILIES}, got {dialect!r}")
+    if dialect not in ag.DIALECTS:
+        raise ValueError(f"dialect must be one of {ag.DIALECTS}, got {dialect!r}")
     for name, value, least in (("max_envs", max_envs, 1), ("idle_timeout_s", idle_timeout_s, 0),
                                ("max_body_bytes", max_body_bytes, 1),
-                               ("max_action_chars", max_action_chars, 1)):
+                               ("max_action_chars", max_action_chars, 1),
+                               ("max_steps", 0 if max_steps is None else max_steps, 0)):
         if value < least:
             raise ValueError(f"{name} must be >= {least}, got {value}")
+    native = dialect in ag.NATIVE_DIALECTS
     probe = env_factory()
-    info = {"name": probe.name, "max_steps": int(probe.max_steps), "dialect": dialect}
+    if max_steps is None and native:
+        limit: int | None = int(probe.max_steps)
+    else:
+        limit = max_steps or None
+    info = {"name": probe.name, "max_steps": limit, "dialect": dialect}
     probe.close()
+    # The native dialects' default keeps the environment as it is.
+    factory = env_factory if native and max_steps is None else (
+        lambda: _limit_steps(env_factory(), limit))
 
     boot = secrets.token_hex(8)
     # A random first id per start: a client of an earlier start (which may hold
     # any id of that start's run) almost surely names no instance of this one.
-    host = _EnvHost(env_factory, max_envs, first_id=secrets.randbelow(_ID_SPACE),
-                    idle_timeout_s=idle_timeout_s)
+    host = _EnvHost(factory, max_envs, first_id=secrets.randbelow(_ID_SPACE),
+                    idle_timeout_s=idle_timeout_s, max_steps=limit)
     requests: collections.Counter[str] = collections.Counter()
-    id_field = dialect
-    obs_key = "observation" if dialect == "id" else "state"
+    id_field = ag.ID_FIELD[dialect]
+    obs_key = "state" if dialect in ("env_idx", "webshop") else "observation"
+    loud = dialect in ("webshop", "searchqa")  # errors as HTTP error statuses
+    task_fields = tuple(dict.fromkeys((_DIALECT_TASK_FIELD.get(dialect, "task"),
+                                       *_TASK_FIELDS)))
 
     async def expire_idle_instances():
         # Frees idle instances' resources even when no create comes to sweep them.
@@ -419,11 +514,18 @@ def create_app(env_factory: EnvFactory, *, dialect: str = "id", max_envs: int = 
         _log.warning("%s %s from %s: %s", request.method, request.url.path, client,
                      str(error).replace("\n", " "))
 
+    def failure(message: str, status: int) -> Any:
+        """An error answer: 200 `{"error": ...}`, or for a dialect whose client
+        asserts a 200, `{"detail": ...}` with the HTTP error `status`."""
+        if loud:
+            return JSONResponse({"detail": message}, status_code=status)
+        return {"error": message}
+
     async def answer(request: fastapi.Request, handler: Callable[[dict], Any]) -> Any:
         """Parses the JSON body (or query), runs `handler` on a worker thread so
         that slow environments do not block the event loop, and turns every
-        failure into `{"error": ...}`: with status 200, or 413 for a body over
-        the limit (then the connection is closed, as the rest is unread)."""
+        failure into an error answer (see `failure`; 413 for a body over the
+        limit, after which the connection is closed, as the rest is unread)."""
         try:
             raw = await read_body(request)
             try:
@@ -437,47 +539,133 @@ def create_app(env_factory: EnvFactory, *, dialect: str = "id", max_envs: int = 
             return await run_in_threadpool(handler, body)
         except _TooLarge as e:
             mistake(request, e)
-            return JSONResponse({"error": str(e)}, status_code=413, headers={"Connection": "close"})
+            key = "detail" if loud else "error"
+            return JSONResponse({key: str(e)}, status_code=413, headers={"Connection": "close"})
         except _ProtocolError as e:
             mistake(request, e)
-            return {"error": str(e)}
+            return failure(str(e), 400)
         except ClientDisconnect:  # e.g. closed by the body read timeout; nobody reads this
             return Response(status_code=400)
         except Exception as e:  # an environment's own failure: report it, keep serving
             _log.exception("%s %s failed", request.method, request.url.path)
-            return {"error": _clip(f"{type(e).__name__}: {e}")}
+            return failure(_clip(f"{type(e).__name__}: {e}"), 500)
 
     def task_of(body: dict) -> Any:
-        for field in _TASK_FIELDS:
-            if field in body:
+        for field in task_fields:
+            if field in body and body[field] is not None:
                 task = body[field]
                 # JSON has no tuples; environments key tasks by hashable values.
                 return tuple(task) if isinstance(task, list) else task
-        raise _ProtocolError(f"reset needs the task under one of {_TASK_FIELDS}")
+        if dialect == "webshop":
+            # WebShop's server draws a random goal when the reset names none.
+            slot = host.slot(body.get(id_field))
+            num_tasks = getattr(slot.env, "num_tasks", None)
+            if isinstance(num_tasks, int) and num_tasks > 0:
+                return secrets.randbelow(num_tasks)
+        raise _ProtocolError(f"reset needs the task under one of {task_fields}")
+
+    def actions_of(obs: Observation) -> list[str] | None:
+        return None if obs.admissible_actions is None else list(obs.admissible_actions)
 
     def do_create(body: dict) -> Any:
+        if dialect == "searchqa" and body.get("id") is not None and (
+                isinstance(body["id"], bool) or not isinstance(body["id"], int)):
+            raise _ProtocolError(f"create's id must be an integer, got {_short(body['id'])}")
         idx = host.create()
-        return {"id": idx} if dialect == "id" else idx
+        return {"id": idx} if id_field == "id" else idx
 
     def do_reset(body: dict) -> Any:
-        obs = host.reset(body.get(id_field), task_of(body))
+        idx = body.get(id_field)
+        if dialect == "alfworld":
+            world_type = body.get("world_type", "Text")
+            if world_type not in ag.ALFWORLD_WORLD_TYPES:
+                raise _ProtocolError(f"world_type must be one of {ag.ALFWORLD_WORLD_TYPES}, "
+                                     f"got {_short(world_type)}")
+        task = task_of(body)
+        obs = host.reset(idx, task)
         if dialect == "id":
-            return {"id": body[id_field], "observation": obs.text, "reward": 0.0, "done": False,
+            return {"id": idx, "observation": obs.text, "reward": 0.0, "done": False,
                     **_observation_fields(obs)}
-        return [obs.text, _observation_fields(obs)]
+        if dialect == "env_idx":
+            return [obs.text, _observation_fields(obs)]
+        slot = host.slot(idx)
+        if dialect == "alfworld":
+            text = slot.shown = ag.alfworld_reset_text(obs)
+            task_type = getattr(slot.env, "task_type", None)
+            slot.detail = {"world_type": world_type, "game": task, "observation": text,
+                           "available_actions": actions_of(obs) or [], "done": False,
+                           "reward": 0, "deleted": False}
+            return {"id": idx, "observation": text, "available_actions": actions_of(obs) or [],
+                    "task_type": "" if task_type is None else str(task_type)}
+        if dialect == "webshop":
+            slot.shown = ag.webshop_page(obs)
+            return [slot.shown, None]
+        slot.shown = ag.searchqa_prompt(obs.task or obs.text)  # searchqa
+        return slot.shown
 
-    def do_step(body: dict) -> Any:
-        action = body.get("action")
+    def check_action(action: Any) -> None:
         if isinstance(action, str) and len(action) > max_action_chars:
             raise _ProtocolError(f"action is {len(action)} characters; the limit is "
                                  f"max_action_chars={max_action_chars}")
-        obs, reward, done, truncated, step_info = host.step(body.get(id_field), body.get("action"))
-        return {obs_key: obs.text, "reward": reward, "done": done or truncated,
-                "truncated": truncated, "info": _jsonable(step_info), **_observation_fields(obs)}
+
+    def do_step(body: dict) -> Any:
+        action, idx = body.get("action"), body.get(id_field)
+        check_action(action)
+        if dialect == "searchqa":
+            return searchqa_step(idx, action)
+        obs, reward, done, truncated, step_info = host.step(idx, action)
+        if native:
+            return {obs_key: obs.text, "reward": reward, "done": done or truncated,
+                    "truncated": truncated, "info": _jsonable(step_info),
+                    **_observation_fields(obs)}
+        slot = host.slot(idx)
+        if dialect == "alfworld":
+            slot.shown = obs.text
+            payload = {"observation": obs.text, "reward": reward,
+                       "available_actions": actions_of(obs) or [], "done": done or truncated}
+            slot.detail.update(payload)
+            return payload
+        # webshop: an invalid action leaves the page as it was, as in WebShop.
+        if step_info.get("valid", True) or done or truncated:
+            slot.shown = ag.webshop_page(obs)
+        return {"state": slot.shown, "reward": reward, "done": done or truncated, "info": None}
+
+    def searchqa_step(idx: Any, action: Any) -> Any:
+        if not isinstance(action, str):
+            raise _ProtocolError(f"action must be a string, got {_short(action)}")
+        mapped = ag.searchqa_action(action)
+        if mapped is None:
+            host.slot(idx)  # an unknown id is still an error
+            return {"observation": ag.SEARCHQA_INVALID, "reward": 0.0, "done": False,
+                    "info": None}
+        tag, simulator_action = mapped
+        obs, reward, done, truncated, step_info = host.step(idx, simulator_action)
+        if tag == "answer":
+            text = ag.SEARCHQA_CORRECT if step_info.get("won") else ag.SEARCHQA_WRONG
+        else:
+            text = f"<information>{obs.text}</information>"
+        return {"observation": text, "reward": reward, "done": done or truncated, "info": None}
+
+    def do_observation(body: dict) -> Any:
+        idx = body.get(id_field)
+        obs = host.observation(idx)
+        return obs.text if native else host.slot(idx).shown
+
+    def do_available_actions(body: dict) -> Any:
+        obs = host.observation(body.get(id_field))
+        if dialect == "webshop":
+            return ag.webshop_available_actions(obs.admissible_actions)
+        return actions_of(obs) if native else actions_of(obs) or []
 
     def do_close(body: dict) -> Any:
+        if dialect == "searchqa":
+            try:
+                host.close(body.get(id_field))
+            except _ProtocolError:
+                return False  # SearchQA's server answers false for an unknown id
+            return True
         host.close(body.get(id_field))
-        return True
+        return {"closed": True} if dialect == "webshop" else True
 
     @app.post("/create")
     async def create(request: fastapi.Request):
@@ -493,16 +681,43 @@ def create_app(env_factory: EnvFactory, *, dialect: str = "id", max_envs: int = 
 
     @app.get("/observation")
     async def observation(request: fastapi.Request):
-        return await answer(request, lambda body: host.observation(body.get(id_field)).text)
+        return await answer(request, do_observation)
 
     @app.get("/available_actions")
     async def available_actions(request: fastapi.Request):
-        return await answer(request, lambda body: _observation_fields(
-            host.observation(body.get(id_field)))["available_actions"])
+        return await answer(request, do_available_actions)
 
     @app.post("/close")
     async def close(request: fastapi.Request):
         return await answer(request, do_close)
+
+    if dialect == "alfworld":
+        @app.get("/detail")
+        async def detail(request: fastapi.Request):
+            def do_detail(body: dict) -> Any:
+                host.observation(body.get(id_field))
+                return host.slot(body.get(id_field)).detail
+            return await answer(request, do_detail)
+
+    if dialect == "webshop":
+        @app.get("/instruction_text")
+        async def instruction_text(request: fastapi.Request):
+            return await answer(request, lambda body: (
+                f"Instruction: {host.observation(body.get(id_field)).task}"))
+
+        @app.get("/state")
+        async def state(request: fastapi.Request):
+            def do_state(body: dict) -> Any:
+                obs = host.observation(body.get(id_field))
+                page = str(obs.anchor).split("|", 1)[0]
+                return {"url": f"stepcredit://{info['name']}/{page}",
+                        "html": host.slot(body.get(id_field)).shown,
+                        "instruction_text": obs.task}
+            return await answer(request, do_state)
+
+        @app.get("/list_envs")
+        async def list_envs():
+            return host.ids()
 
     @app.get("/info")
     async def server_info():
@@ -638,22 +853,23 @@ def build_server(app: Any, *, host: str = "127.0.0.1", port: int = 8000,
 def serve(env_factory: EnvFactory, *, host: str = "127.0.0.1", port: int = 8000,
           dialect: str = "id", max_envs: int = 1024, idle_timeout_s: float = IDLE_TIMEOUT_S,
           max_body_bytes: int = MAX_BODY_BYTES, max_action_chars: int = MAX_ACTION_CHARS,
-          header_timeout_s: float = HEADER_TIMEOUT_S, body_timeout_s: float = BODY_TIMEOUT_S,
-          log_level: str = "warning") -> None:
+          max_steps: int | None = None, header_timeout_s: float = HEADER_TIMEOUT_S,
+          body_timeout_s: float = BODY_TIMEOUT_S, log_level: str = "warning") -> None:
     """Serves `env_factory`'s environments until interrupted (blocks).
 
     Args:
       env_factory: see `create_app`.
       host: the interface to bind; 0.0.0.0 exposes the server to the network.
       port: the TCP port (AgentGym's servers default to 8000).
-      dialect: "id" or "env_idx", see `create_app`.
-      max_envs, idle_timeout_s, max_body_bytes, max_action_chars: see `create_app`.
+      dialect: "id", "env_idx", "alfworld", "webshop" or "searchqa", see `create_app`.
+      max_envs, idle_timeout_s, max_body_bytes, max_action_chars, max_steps: see
+        `create_app`.
       header_timeout_s, body_timeout_s: see `build_server`.
       log_level: uvicorn's log level.
     """
     app = create_app(env_factory, dialect=dialect, max_envs=max_envs,
                      idle_timeout_s=idle_timeout_s, max_body_bytes=max_body_bytes,
-                     max_action_chars=max_action_chars)
+                     max_action_chars=max_action_chars, max_steps=max_steps)
     build_server(app, host=host, port=port, header_timeout_s=header_timeout_s,
                  body_timeout_s=body_timeout_s, log_level=log_level).run()
 
@@ -714,7 +930,7 @@ def start_server_process(env: str, *, env_kwargs: Mapping[str, Any] | None = Non
     Args:
       env: the environment spec, see `resolve_env_factory`.
       env_kwargs: keyword arguments for the environment (sent as JSON).
-      dialect: "id" or "env_idx".
+      dialect: a `create_app` dialect.
       host: the interface to bind.
       port: the port; None picks a free one (retried on a lost race).
       pythonpath: directories prepended to the child's PYTHONPATH, where a
