@@ -362,3 +362,24 @@ def test_serve_options_name_the_dialects_and_the_step_limit():
     assert "--max-steps" in help_text and "searchqa" in help_text
     with pytest.raises(ValueError, match="max_steps must be >= 0"):
         create_app(lambda: registry.make("webshop"), dialect="webshop", max_steps=-1)
+
+
+@pytest.mark.parametrize("env, dialect", [("alfworld", "alfworld"), ("webshop", "webshop"),
+                                          ("hotpotqa", "searchqa")])
+def test_httpenv_with_the_original_schema_plays_the_dialect(env, dialect):
+    # HttpEnv's schema for a real AgentGym server also speaks to its imitation.
+    from stepcredit.envs.http_client import HttpConfig, HttpEnv
+
+    local = registry.make(env)
+    config = HttpConfig(timeout_s=TIMEOUT, connect_timeout_s=1.0, retries=1, backoff_s=0.01)
+    with _server(env, dialect) as server, HttpEnv(server.url, dialect, config=config) as remote:
+        first, obs = local.reset(0), remote.reset(0)
+        assert first.task in obs.text or first.task in obs.task
+        result = None
+        while result is None or not result.done:
+            action = local.oracle_actions()[0]
+            local.step(action)
+            result = remote.step(_tagged(action) if dialect == "searchqa" else action)
+            assert not result.truncated, result.info
+        assert result.info["won"]
+    local.close()
