@@ -90,7 +90,7 @@ SEARCHQA_INVALID = ("Your previous action is invalid. If you want to search, you
                     "query between <search> and </search>. If you want to give the final answer, "
                     "you should put the answer between <answer> and </answer>. Please try again.")
 SEARCHQA_CORRECT = "Congratulations! You have answered the question correctly."
-SEARCHQA_WRONG = "Sorry, your answer is incorrect."
+SEARCHQA_WRONG = "Sorry, your answer is incorrect. Please try again."
 
 _SEARCHQA_TAG = re.compile(r"<(search|lookup|answer)>(.*?)</\1>", re.DOTALL)
 _SIMULATOR_VERB = {"search": "search", "lookup": "lookup", "answer": "finish"}

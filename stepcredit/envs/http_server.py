@@ -41,7 +41,8 @@ client shows (see `agentgym_dialects`):
   `{"env_idx", "id": task}` -> the question text; step -> `{"observation",
   "reward", "done", "info": null}`, the action's first `<search> q </search>`,
   `<answer> a </answer>` (or stepcredit's `<lookup> k </lookup>`) played as
-  `search[q]`, `finish[a]`, `lookup[k]`; `POST /close` -> bool.
+  `search[q]`, `finish[a]`, `lookup[k]`; a wrong answer lets the agent try
+  again, as in the original; `POST /close` -> bool.
 
 In "webshop" and "searchqa" an error is an HTTP error status (400 for a
 client's mistake, 500 for an environment's failure) with `{"detail": ...}`:
@@ -601,6 +602,7 @@ def create_app(env_factory: EnvFactory, *, dialect: str = "id", max_envs: int = 
             slot.shown = ag.webshop_page(obs)
             return [slot.shown, None]
         slot.shown = ag.searchqa_prompt(obs.task or obs.text)  # searchqa
+        slot.detail = {"task": task, "history": []}  # to replay after a wrong answer
         return slot.shown
 
     def check_action(action: Any) -> None:
@@ -631,20 +633,36 @@ def create_app(env_factory: EnvFactory, *, dialect: str = "id", max_envs: int = 
         return {"state": slot.shown, "reward": reward, "done": done or truncated, "info": None}
 
     def searchqa_step(idx: Any, action: Any) -> Any:
+        """SearchQA's step: the action's tag played as the simulator's action.
+        A text without a tag is played as the empty action (invalid, the state
+        unchanged). A wrong answer lets the agent try again, as in the original:
+        the simulator is reset and its searches replayed (it is deterministic),
+        so only a right answer (or the step limit) ends the episode."""
         if not isinstance(action, str):
             raise _ProtocolError(f"action must be a string, got {_short(action)}")
         mapped = ag.searchqa_action(action)
-        if mapped is None:
-            host.slot(idx)  # an unknown id is still an error
-            return {"observation": ag.SEARCHQA_INVALID, "reward": 0.0, "done": False,
-                    "info": None}
-        tag, simulator_action = mapped
+        tag, simulator_action = mapped if mapped is not None else ("", "")
         obs, reward, done, truncated, step_info = host.step(idx, simulator_action)
-        if tag == "answer":
-            text = ag.SEARCHQA_CORRECT if step_info.get("won") else ag.SEARCHQA_WRONG
-        else:
-            text = f"<information>{obs.text}</information>"
-        return {"observation": text, "reward": reward, "done": done or truncated, "info": None}
+        slot = host.slot(idx)
+        if not tag:
+            return {"observation": ag.SEARCHQA_INVALID, "reward": 0.0, "done": done or truncated,
+                    "info": None}
+        if tag != "answer":
+            slot.detail["history"].append(simulator_action)
+            return {"observation": f"<information>{obs.text}</information>", "reward": reward,
+                    "done": done or truncated, "info": None}
+        if step_info.get("won"):
+            return {"observation": ag.SEARCHQA_CORRECT, "reward": reward, "done": True,
+                    "info": None}
+        steps = slot.steps
+        finished = limit is not None and steps >= limit
+        if not finished:
+            host.reset(idx, slot.detail["task"])
+            for earlier in slot.detail["history"]:
+                host.step(idx, earlier)
+            slot.steps = steps
+        return {"observation": ag.SEARCHQA_WRONG, "reward": reward, "done": finished,
+                "info": None}
 
     def do_observation(body: dict) -> Any:
         idx = body.get(id_field)

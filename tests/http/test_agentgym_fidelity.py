@@ -321,7 +321,22 @@ def test_searchqa_invalid_and_wrong_answers(searchqa_url):
     client = SearchQAClient(searchqa_url)
     client.reset(0)
     assert client.step("I will just think.") == (ag.SEARCHQA_INVALID, 0.0, False)
-    assert client.step("<answer> Atlantis </answer>") == (ag.SEARCHQA_WRONG, 0.0, True)
+    found = client.step("<search> Rosa Moreau </search>")[0]
+    # A wrong answer lets the agent try again, from where it was.
+    assert client.step("<answer> Atlantis </answer>") == (ag.SEARCHQA_WRONG, 0.0, False)
+    assert client.step("<lookup> born </lookup>")[0].startswith("<information>(Result 1 / 1)")
+    assert client.step("<search> Rosa Moreau </search>")[0] == found
+    assert client.step("<search> East Pellam </search>")[2] is False
+    assert client.step("<answer>1086</answer>") == (ag.SEARCHQA_CORRECT, 1.0, True)
+
+
+def test_searchqa_step_limit_counts_every_round():
+    with _server("hotpotqa", "searchqa", max_steps=3) as server:
+        client = SearchQAClient(server.url)
+        client.reset(0)
+        assert client.step("no tag")[2] is False
+        assert client.step("<answer> Atlantis </answer>")[2] is False
+        assert client.step("<answer> Atlantis </answer>") == (ag.SEARCHQA_WRONG, 0.0, True)
 
 
 def test_searchqa_failed_reset_is_loud(searchqa_url):
