@@ -2,6 +2,8 @@
 
 Examples:
   stepcredit serve --env webshop --host 127.0.0.1 --port 36001
+  stepcredit serve --env webshop --dialect webshop --port 36003   # for AgentGym's client
+  stepcredit serve --env hotpotqa --dialect searchqa --max-steps 10 --port 36005
   stepcredit serve --env stepcredit.envs.textworld_env:TextWorldEnv --port 36002 \
       --dialect env_idx --env-kwargs '{"game_files": ["games/tw1.z8"]}'
 """

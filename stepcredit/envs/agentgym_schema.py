@@ -10,8 +10,10 @@ SciWorld, TextCraft), the other by `env_idx` (WebShop, SQLGym, SearchQA), whose
 (`stepcredit.envs.http_client.HttpEnv`) speaks to all of them.
 
 The `stepcredit` and `stepcredit-env_idx` entries describe the servers that
-`stepcredit serve` runs: the same two dialects plus extra response keys
-(`anchor`, `task`, `truncated`, `info`) that the AgentGym clients ignore.
+`stepcredit serve` runs by default: the same two dialects plus extra response
+keys (`anchor`, `task`, `truncated`, `info`) that the AgentGym clients ignore.
+The `alfworld`, `webshop` and `searchqa` entries also speak to `stepcredit serve
+--dialect alfworld|webshop|searchqa`, which imitate those servers.
 """
 
 from __future__ import annotations

@@ -19,7 +19,7 @@ from stepcredit import serve
 from stepcredit.envs import agentgym_dialects as ag
 from stepcredit.envs import registry
 from stepcredit.envs.base import Observation
-from stepcredit.envs.http_server import create_app
+from stepcredit.envs.http_server import create_app, start_server_process
 
 TIMEOUT = 5.0
 
@@ -398,3 +398,14 @@ def test_httpenv_with_the_original_schema_plays_the_dialect(env, dialect):
             assert not result.truncated, result.info
         assert result.info["won"]
     local.close()
+
+
+def test_stepcredit_serve_runs_a_dialect_with_a_step_limit():
+    options = ("--max-steps", "2")
+    with start_server_process("hotpotqa", dialect="searchqa", options=options) as server:
+        assert httpx.get(f"{server.url}/info", timeout=TIMEOUT).json() == {
+            "name": "hotpotqa", "max_steps": 2, "dialect": "searchqa"}
+        client = SearchQAClient(server.url)
+        assert "Question: " in client.reset(0)
+        assert [client.step("<search> Rosa Moreau </search>")[2] for _ in range(2)] == [
+            False, True]
