@@ -10,7 +10,6 @@ import types
 
 import jax.numpy as jnp
 import numpy as np
-import pytest
 
 from stepcredit import StepRecord, Trajectory, advantages as adv, collate
 from stepcredit.advantages import CreditInputs

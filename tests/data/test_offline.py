@@ -14,7 +14,7 @@ import stepcredit
 from stepcredit.advantages import group, masked_whiten
 from stepcredit.advantages.gigpo import gigpo
 from stepcredit.batch import collate
-from stepcredit.data import RecordError, offline, save_trajectories
+from stepcredit.data import RecordError, save_trajectories
 from stepcredit.data.write import RowWriter
 from stepcredit.data.offline import compute_credit
 from stepcredit import credit_cli
