@@ -26,8 +26,12 @@ $(VENV)/.installed-test: pyproject.toml | $(BIN)/python
 run: $(VENV)/.installed-run
 	$(BIN)/stepcredit demo
 
+# The suite runs in two processes: in one process, after compiling every other test's
+# executables, jaxlib 0.10.2 crashed (SIGSEGV / abort) while writing a trainer test's
+# executable to the persistent compilation cache; each half passes on its own.
 test: $(VENV)/.installed-test
-	$(BIN)/python -m pytest
+	$(BIN)/python -m pytest --ignore=tests/train
+	$(BIN)/python -m pytest tests/train
 
 bench: $(VENV)/.installed-test
 	$(BIN)/python -m benchmarks.run --output benchmarks/RESULTS.md
