@@ -58,6 +58,14 @@ class _NoMetrics:
         del iteration, metrics
 
 
+def _write_whole(path: str, text: str) -> None:
+    """Writes `text` to a temporary file beside `path`, then renames it over `path`."""
+    temporary = f"{path}.tmp-{os.getpid()}"
+    with open(temporary, "w", encoding="utf-8") as f:
+        f.write(text)
+    os.replace(temporary, path)
+
+
 def _holds(path: str) -> bool:
     """A file, or a folder with something in it (the checkpointer creates its folder empty)."""
     return os.path.isfile(path) or (os.path.isdir(path) and bool(os.listdir(path)))
@@ -194,11 +202,12 @@ class Trainer:
         return int(self.state.iteration)
 
     def save(self) -> None:
-        """Checkpoints the state and writes the resolved configuration and the tokenizer."""
+        """Checkpoints the state and writes the resolved configuration and the tokenizer,
+        each whole or not at all (a kill mid-write leaves the previous file: `--resume`
+        reads config.json)."""
         self.checkpointer.save(int(self.state.iteration), self.state.as_tree())
-        with open(os.path.join(self.config.logdir, "config.json"), "w", encoding="utf-8") as f:
-            f.write(self.config.to_json())
-        self.tokenizer.save(os.path.join(self.config.logdir, "tokenizer.json"))
+        _write_whole(os.path.join(self.config.logdir, "config.json"), self.config.to_json())
+        _write_whole(os.path.join(self.config.logdir, "tokenizer.json"), self.tokenizer.to_json())
 
     def evaluate(self) -> dict[str, float]:
         """The policy on the fixed panel of test tasks (`evaluate.evaluate`)."""
