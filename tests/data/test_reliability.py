@@ -1,7 +1,6 @@
 """Nothing lost, nobody confused: magnitudes beyond float32, killed runs, modes, encodings, empty logs."""
 
 import argparse
-import hashlib
 import json
 import os
 import re
@@ -21,14 +20,8 @@ from stepcredit import credit_cli
 from stepcredit.batch import StepRecord, Trajectory, collate
 from stepcredit.data import RecordError, save_trajectories, validate
 from stepcredit.data.offline import compute_credit
-
-
-def _row(trajectory="a", step=0, group="g", **extra):
-    row = {"trajectory_id": trajectory, "group_id": group, "step_index": step, "prompt_ids": [1],
-           "response_ids": [5, 6], "response_logprobs": [-0.5, -0.25], "reward": 0.0,
-           "done": False, "truncated": False}
-    row.update(extra)
-    return row
+from tests.data.test_io import _row
+from tests.data.test_offline import _digest, _rows
 
 
 def _write_log(path, rows):
@@ -39,18 +32,6 @@ def _write_log(path, rows):
         with open(path, "w") as handle:
             handle.writelines(json.dumps(row) + "\n" for row in rows)
     return path
-
-
-def _rows(path):
-    if path.endswith(".parquet"):
-        return pq.read_table(path).to_pylist()
-    with open(path) as handle:
-        return [json.loads(line) for line in handle]
-
-
-def _digest(path):
-    with open(path, "rb") as handle:
-        return hashlib.sha256(handle.read()).hexdigest()
 
 
 def _small_log(tmp_path, name="small.jsonl", scale=1.0, seed=0):
