@@ -4,7 +4,7 @@ Every run uses the same `TrainConfig` apart from the swept fields, so the
 table compares credit assignment and nothing else. Results go to
 `<out>/runs/<env>-<estimator>-s<seed>/` (metrics, TensorBoard, checkpoints)
 and are summarised in `<out>/results.csv`, `<out>/results.md` and, when
-matplotlib is installed (`pip install stepcredit[experiments]`),
+matplotlib is installed,
 `<out>/curves.png`.
 
     python experiments/sweep.py --envs alfworld --estimators grpo step_gae gigpo \
