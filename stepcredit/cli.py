@@ -28,6 +28,7 @@ _SUBCOMMANDS = {
     "train": "stepcredit.train.train_command",
     "eval": "stepcredit.train.eval_command",
     "credit": "stepcredit.credit_cli",
+    "diagnose": "stepcredit.diagnose_cli",
 }
 
 

@@ -1,0 +1,80 @@
+"""What `stepcredit.diagnose.diagnose` runs: `DiagnoseConfig`."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from stepcredit import advantages as adv
+from stepcredit.diagnose.policies import parse_policy
+from stepcredit.diagnose.values import VALUE_SOURCES
+
+SIMULATORS = ("webshop", "alfworld", "hotpotqa")
+
+# Step limits of a diagnosis where the simulator's own is too generous to grade
+# blame: within ALFWorld's 50 steps a noisy expert recovers from every mistake,
+# so no episode fails; 15 steps (about twice the expert's mean path) make
+# mistakes cost. The others keep their limits (WebShop 15, HotpotQA 8).
+STEP_LIMITS = {"alfworld": 15}
+
+
+@dataclasses.dataclass(frozen=True)
+class DiagnoseConfig:
+    """What `diagnose` runs.
+
+    Attributes:
+      envs: simulators (each must offer `oracle_distance`, `expert_action` and
+        snapshots).
+      policy: the behaviour policy ("eps=0.3", "uniform", "deviation",
+        "deviation@STEP"; `stepcredit.diagnose.policies.parse_policy`).
+      estimators: registered estimator names; empty for all of them.
+      tasks: tasks per simulator and seed.
+      group_size: G, episodes per task (the group of the group estimators).
+      seeds: the seeds; each samples its own tasks and episodes.
+      continuations: K, Monte Carlo rollouts per action and per state.
+      values: the critic of step and token GAE: "zero" or "table"
+        (`stepcredit.diagnose.values`).
+      prm_steps: optimizer steps of the implicit PRM of iStar and PRIME.
+      bootstrap: bootstrap resamples of each interval.
+      split: the task split.
+      difficulty: the simulators' difficulty (None: each one's default).
+      max_steps: the step limit (None: `STEP_LIMITS`, else each simulator's own).
+      examples: example trajectories kept per simulator for plots.
+    """
+
+    envs: tuple[str, ...] = SIMULATORS
+    policy: str = "eps=0.3"
+    estimators: tuple[str, ...] = ()
+    tasks: int = 16
+    group_size: int = 8
+    seeds: tuple[int, ...] = (0, 1)
+    continuations: int = 4
+    values: str = "table"
+    prm_steps: int = 20
+    bootstrap: int = 200
+    split: str = "train"
+    difficulty: int | None = None
+    max_steps: int | None = None
+    examples: int = 2
+
+    def __post_init__(self):
+        for name in ("tasks", "group_size", "bootstrap"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"diagnose: {name} must be >= 1, got {getattr(self, name)}")
+        for name in ("continuations", "prm_steps", "examples"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"diagnose: {name} must be >= 0, got {getattr(self, name)}")
+        if not self.envs:
+            raise ValueError("diagnose: envs is empty")
+        if not self.seeds:
+            raise ValueError("diagnose: seeds is empty")
+        if self.values not in VALUE_SOURCES:
+            raise ValueError(f"diagnose: values {self.values!r} is not one of {VALUE_SOURCES}")
+        unknown = sorted(set(self.estimators) - set(adv.names()))
+        if unknown:
+            raise ValueError(f"diagnose: unknown estimators {unknown}; registered: "
+                             f"{', '.join(adv.names())}")
+        parse_policy(self.policy)
+
+    @property
+    def estimator_names(self) -> tuple[str, ...]:
+        return tuple(self.estimators) or adv.names()

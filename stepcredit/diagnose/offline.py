@@ -1,0 +1,154 @@
+"""Diagnosing credit on a user's own logged trajectories with per-step labels.
+
+A log of step rows (`stepcredit.data.schema`) may carry one extra column of
+per-step labels, for instance human step annotations: a number or a bool per
+row, > 0 (True) for a good step, <= 0 (False) for a bad one. Each estimator
+that can run offline computes its credit through `stepcredit credit`'s own
+path (`stepcredit.data.offline.compute_credit`, whitening included); token
+credit is averaged over each row's response tokens. The metrics
+(`stepcredit.diagnose.metrics`) then take the labels as the truth: `good` is
+label > 0, and the label's value stands in for A^pi (Spearman, and sign
+agreement on the rows whose label is not 0). A trajectory failed when its
+score (the `score` column, else the sum of its rewards) is below
+`success_threshold`. Intervals resample whole groups (`group_id`).
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from typing import Sequence
+
+import numpy as np
+import pyarrow.parquet as pq
+
+from stepcredit import advantages as adv
+from stepcredit.data.offline import ADVANTAGE, TOKEN_ADVANTAGES, compute_credit
+from stepcredit.diagnose.episodes import Stacked
+from stepcredit.diagnose.result import Diagnosis, Example, Score
+from stepcredit.diagnose.run import grade, pick_examples
+from stepcredit.keys import dense_ids
+
+
+def _labels(table, column: str) -> np.ndarray:
+    if column not in table.column_names:
+        raise ValueError(f"--label-column {column!r} is not a column of the log; its columns: "
+                         f"{', '.join(table.column_names)}")
+    values = table.column(column).to_pylist()
+    out = np.empty(len(values))
+    for row, value in enumerate(values):
+        if isinstance(value, bool):
+            value = float(value)
+        if not isinstance(value, (int, float)) or not np.isfinite(value):
+            raise ValueError(f"--label-column {column!r}: row {row} holds {value!r}; each row "
+                             "needs a finite number or a bool")
+        out[row] = value
+    return out
+
+
+def _layout(table) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Row -> (trajectory b, step t), and the trajectories' group ids."""
+    rows, _ = dense_ids(np.asarray(table.column("trajectory_id").to_pylist(), dtype=object))
+    steps = np.asarray(table.column("step_index").to_pylist(), dtype=np.int64)
+    groups = np.asarray(table.column("group_id").to_pylist(), dtype=object)
+    group_of = np.empty(rows.max() + 1, dtype=object)
+    group_of[rows] = groups
+    group_ids, _ = dense_ids(group_of)
+    return rows, steps, group_ids.astype(np.int32)
+
+
+def _row_credit(table) -> np.ndarray:
+    if ADVANTAGE in table.column_names:
+        return np.asarray(table.column(ADVANTAGE).to_pylist(), dtype=np.float64)
+    return np.array([np.mean(tokens) for tokens in table.column(TOKEN_ADVANTAGES).to_pylist()])
+
+
+def _stacked(table, labels: np.ndarray, success_threshold: float) -> Stacked:
+    rows, steps, group_ids = _layout(table)
+    b, t = rows.max() + 1, steps.max() + 1
+    mask = np.zeros((b, t), bool)
+    mask[rows, steps] = True
+    label = np.full((b, t), np.nan)
+    label[rows, steps] = labels
+    rewards = np.zeros((b, t), np.float32)
+    rewards[rows, steps] = table.column("reward").to_pylist()
+    scores = rewards.sum(1)
+    if "score" in table.column_names:
+        logged = np.asarray([np.nan if s is None else s for s in table.column("score").to_pylist()])
+        known = np.isfinite(logged)
+        scores[rows[known]] = logged[known]
+    return Stacked(mask=mask, rewards=rewards, entropy=np.zeros((b, t), np.float32),
+                   anchors=np.full((b, t), -1, np.int32), group_ids=group_ids,
+                   scores=scores.astype(np.float32), won=scores >= success_threshold,
+                   truncated=np.zeros(b, bool), good=mask & (np.nan_to_num(label) > 0),
+                   advantage=label, advantage_se=np.where(mask, 0.0, np.nan),
+                   deviation=np.full(b, -1), tasks=group_ids.astype(np.int64),
+                   seeds=np.zeros(b, np.int64))
+
+
+def diagnose_log(source: str | os.PathLike, label_column: str, *, estimators: Sequence[str] = (),
+                 success_threshold: float = 1.0, bootstrap: int = 200, examples: int = 4,
+                 progress: bool = True) -> Diagnosis:
+    """Grades estimators' credit on a labelled log of step rows (module doc).
+
+    Args:
+      source: a JSONL or Parquet file or a save_to_disk folder of step rows.
+      label_column: the per-step label column.
+      estimators: registered names; empty for every one that runs offline
+        (not those that need an implicit PRM).
+      success_threshold: a trajectory whose score reaches it succeeded.
+      bootstrap: resamples per interval.
+      examples: trajectories kept for plots.
+      progress: show a progress bar over estimators.
+
+    Returns:
+      A `Diagnosis` whose env is the log's file name. Estimators the log
+      cannot feed (a critic without a `value` column, EMPG without entropy)
+      are left out, each with a note saying why.
+
+    Raises:
+      ValueError: the label column is missing or holds a non-number, or no
+        estimator could run (each one's reason given: a bad record, say).
+    """
+    from tqdm.auto import tqdm
+
+    names = tuple(estimators) or tuple(n for n in adv.names() if not adv.get(n).needs_prm)
+    label = os.path.basename(os.path.normpath(os.fspath(source)))
+    scores, notes, kept = [], [f"labels: column {label_column!r} (> 0: a good step); success: "
+                                f"score >= {success_threshold:g}"], {}
+    stacked = None
+    with tempfile.TemporaryDirectory() as folder:
+        for name in tqdm(names, desc="diagnose estimators", disable=not progress):
+            output = os.path.join(folder, f"{len(kept)}.parquet")
+            try:
+                compute_credit(source, output, name, progress=False)
+            except ValueError as error:  # what this estimator reads is missing, or a bad record
+                notes.append(f"{name}: not run: {error}")
+                continue
+            credited = pq.read_table(output)
+            if stacked is None:
+                stacked = _stacked(credited, _labels(credited, label_column), success_threshold)
+            rows, steps, _ = _layout(credited)
+            credit = np.zeros(stacked.mask.shape)
+            credit[rows, steps] = _row_credit(credited)
+            kept[name] = credit
+            scores += grade(label, name, credit, stacked, seeds=(0,), bootstrap=bootstrap)
+    if stacked is None:
+        raise ValueError(f"--input {os.fspath(source)}: none of the estimators could run: "
+                         + "; ".join(notes[1:]))
+    actions = _step_names(stacked)
+    picked = pick_examples(stacked.good, stacked.mask, stacked.won, examples)
+    lengths = stacked.mask.sum(1)
+    shown = tuple(Example(label, int(stacked.group_ids[i]), bool(stacked.won[i]), actions[i],
+                          stacked.good[i, :lengths[i]], stacked.advantage[i, :lengths[i]],
+                          np.zeros(lengths[i]), {n: c[i, :lengths[i]] for n, c in kept.items()})
+                  for i in picked)
+    settings = {"input": os.fspath(source), "label_column": label_column,
+                "success_threshold": success_threshold, "bootstrap": bootstrap,
+                "estimators": list(kept)}
+    return Diagnosis(settings, tuple(scores), shown, {}, tuple(notes))
+
+
+def _step_names(stacked: Stacked) -> list[tuple[str, ...]]:
+    """Action labels for plots: the step number (logged actions are token ids, not text)."""
+    return [tuple(f"step {t}" for t in range(int(n))) for n in stacked.mask.sum(1)]

@@ -1,0 +1,174 @@
+"""`diagnose`: every estimator's step credit graded against simulator ground truth.
+
+For each simulator and seed, a behaviour policy of known skill plays
+`tasks` tasks `group_size` times (`stepcredit.diagnose.sample`). Every
+estimator then scores the same episodes (`stepcredit.diagnose.estimates`),
+and each metric (`stepcredit.diagnose.metrics`) compares its step credit
+with the oracle's progress labels and the Monte Carlo advantage A^pi. Each
+score is the metric on all seeds' episodes pooled, with a 95% bootstrap
+interval over (seed, task) groups, and the metric on each seed alone.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from typing import Any, Callable, Sequence
+
+import numpy as np
+from tqdm.auto import tqdm
+
+from stepcredit import advantages as adv
+from stepcredit.diagnose import metrics
+from stepcredit.diagnose.config import STEP_LIMITS, DiagnoseConfig
+from stepcredit.diagnose.episodes import Episode, Stacked, stack
+from stepcredit.diagnose.estimates import (REFERENCES, TokenView, reference_credit, step_credit,
+                                           word_tokens)
+from stepcredit.diagnose.policies import parse_policy
+from stepcredit.diagnose.result import METRICS, Diagnosis, Example, Score
+from stepcredit.diagnose.sample import sample_episodes, sample_tasks
+from stepcredit.diagnose.values import step_values
+from stepcredit.envs import registry as envs
+
+def _make_env(name: str, config: DiagnoseConfig):
+    options: dict[str, Any] = {"split": config.split}
+    if config.difficulty is not None:
+        options["difficulty"] = config.difficulty
+    max_steps = config.max_steps or STEP_LIMITS.get(name)
+    if max_steps is not None:
+        options["max_steps"] = max_steps
+    env = envs.make(name, **options)
+    missing = [m for m in ("oracle_distance", "expert_action", "snapshot", "restore")
+               if not callable(getattr(env, m, None))]
+    if missing:
+        env.close()
+        raise ValueError(f"diagnose: environment {name!r} lacks {', '.join(missing)}: only "
+                         "simulators that know the right action and can be snapshotted qualify")
+    return env
+
+
+def _padded(rows: Sequence[np.ndarray], t: int) -> np.ndarray:
+    out = np.zeros((len(rows), t))
+    for i, r in enumerate(rows):
+        out[i, :len(r)] = r
+    return out
+
+
+def _tokens(episodes: list[Episode], env_name: str, config: DiagnoseConfig,
+            names: Sequence[str], notes: list[str]) -> TokenView:
+    if not any(adv.get(n).needs_prm for n in names):
+        return word_tokens(episodes)
+    from stepcredit.diagnose.prm import fit_prm  # a model and its training: only when needed
+
+    fitted = fit_prm(episodes, env_name=env_name, steps=config.prm_steps, seed=config.seeds[0])
+    notes.append(f"{env_name}: {fitted.description}")
+    return TokenView(fitted.step_index, fitted.prm_logp, fitted.ref_logp)
+
+
+def grade(env_name: str, name: str, credit: np.ndarray, stacked: Stacked, *,
+          seeds: Sequence[int], bootstrap: int) -> list[Score]:
+    """Every metric of one estimator's `[B, T]` credit against the truth in `stacked`:
+    pooled over seeds, with a bootstrap interval over (seed, task) groups, and per seed."""
+    truth = dict(mask=stacked.mask, good=stacked.good, advantage=stacked.advantage,
+                 advantage_se=stacked.advantage_se, failed=~stacked.won)
+
+    def evaluate(rows) -> dict:
+        return metrics.evaluate(credit[rows], **{k: v[rows] for k, v in truth.items()})
+
+    pooled = evaluate(np.arange(len(credit)))
+    per_seed = [evaluate(np.flatnonzero(stacked.seeds == s)) for s in seeds]
+    low, high = metrics.bootstrap_interval(
+        lambda rows: np.array([m.value for m in evaluate(rows).values()]), stacked.group_ids,
+        num_resamples=bootstrap, seed=0)
+    return [Score(env_name, name, metric, float(pooled[metric].value), float(low[k]),
+                  float(high[k]), int(pooled[metric].n),
+                  tuple(float(s[metric].value) for s in per_seed))
+            for k, metric in enumerate(METRICS)]
+
+
+def pick_examples(good: np.ndarray, mask: np.ndarray, won: np.ndarray, count: int) -> list[int]:
+    """Rows worth plotting: failed trajectories of at least 3 steps whose only bad
+    step the blame should find, then won ones with a mistake."""
+    bad = (~good & mask).sum(1)
+    single = np.flatnonzero(~won & (bad == 1) & (mask.sum(1) >= 3)).tolist()
+    recovered = np.flatnonzero(won & (bad > 0)).tolist()
+    return (single[:max(1, count - count // 2)] + recovered + single)[:count]
+
+
+def _examples(env_name: str, episodes: list[Episode], stacked: Stacked,
+              credit: dict[str, np.ndarray], count: int) -> list[Example]:
+    return [Example(env_name, episodes[i].task, episodes[i].won, episodes[i].actions,
+                    episodes[i].good, episodes[i].advantage, episodes[i].advantage_se,
+                    {name: c[i, :episodes[i].length] for name, c in credit.items()})
+            for i in pick_examples(stacked.good, stacked.mask, stacked.won, count)]
+
+
+def diagnose(config: DiagnoseConfig = DiagnoseConfig(), *, progress: bool = True,
+             log: Callable[[str], None] | None = None) -> Diagnosis:
+    """Grades every estimator's step credit against ground truth (module doc).
+
+    Args:
+      config: what to run (`DiagnoseConfig`).
+      progress: show progress bars.
+      log: called with a line at each phase (None: silent).
+
+    Returns:
+      The `Diagnosis`: scores of the estimators named in `config` and of the
+      reference rows "mc_advantage" and "random", example trajectories, the
+      seconds per phase and notes.
+    """
+    policy = parse_policy(config.policy)
+    names = config.estimator_names
+    seconds = {"sample": 0.0, "fit_values": 0.0, "prm": 0.0, "credit": 0.0, "score": 0.0}
+    notes = [f"behaviour policy {policy.label}; A^pi from K={config.continuations} Monte Carlo "
+             "rollouts per action and per state",
+             "values for step and token GAE: " + {
+                 "zero": "V = 0",
+                 "table": "per-anchor Monte Carlo table fitted on a separate batch of the same "
+                          "tasks"}[config.values]]
+    scores: list[Score] = []
+    examples: list[Example] = []
+    for env_name in config.envs:
+        env = _make_env(env_name, config)
+        try:
+            start = time.perf_counter()
+            episodes, fitting = [], []
+            total = len(config.seeds) * config.tasks * config.group_size
+            with tqdm(total=total, desc=f"{env_name}: episodes", disable=not progress,
+                      leave=False) as bar:
+                for seed in config.seeds:
+                    tasks = sample_tasks(env.num_tasks, config.tasks, seed)
+                    episodes += sample_episodes(env, policy, tasks, group_size=config.group_size,
+                                                seed=seed, continuations=config.continuations,
+                                                progress=bar.update)
+                    if config.values == "table":
+                        fitting += sample_episodes(env, policy, tasks, stream=1, seed=seed,
+                                                   group_size=config.group_size, continuations=0)
+            seconds["sample"] += time.perf_counter() - start
+        finally:
+            env.close()
+        start = time.perf_counter()
+        stacked = stack(episodes)
+        values = _padded(step_values(episodes, config.values, fitting), stacked.mask.shape[1])
+        seconds["fit_values"] += time.perf_counter() - start
+        start = time.perf_counter()
+        tokens = _tokens(episodes, env_name, config, names, notes)
+        seconds["prm"] += time.perf_counter() - start
+        start = time.perf_counter()
+        credit = reference_credit(stacked, config.seeds[0])
+        credit.update(step_credit(names, stacked, values, tokens))
+        seconds["credit"] += time.perf_counter() - start
+        start = time.perf_counter()
+        for name in tqdm(list(credit), desc=f"{env_name}: scoring", disable=not progress,
+                         leave=False):
+            scores += grade(env_name, name, credit[name], stacked, seeds=config.seeds,
+                            bootstrap=config.bootstrap)
+        seconds["score"] += time.perf_counter() - start
+        examples += _examples(env_name, episodes, stacked, credit, config.examples)
+        if log is not None:
+            log(f"{env_name}: {len(episodes)} episodes, {int(stacked.mask.sum())} steps, "
+                f"{stacked.won.mean():.0%} won")
+    settings = {**dataclasses.asdict(config), "estimators": list(names),
+                "references": list(REFERENCES)}
+    return Diagnosis(settings, tuple(scores), tuple(examples),
+                     {k: round(v, 3) for k, v in seconds.items()}, tuple(notes))
