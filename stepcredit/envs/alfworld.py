@@ -318,6 +318,12 @@ class AlfWorldEnv(SimulatorEnv):
 
     name = "alfworld"
     splits = ("train", "seen", "unseen")
+    # What `_start`, `_act` and `oracle_actions` set or change: the state a
+    # snapshot copies (the plan cache too, since its key, the anchor, does not
+    # name the task).
+    _episode_state = ("_task", "_loc", "_held", "_lamp_on", "_pos", "_flags", "_opened", "_seen",
+                      "_contents", "_object_index", "_target_objects", "_goal_set", "_need",
+                      "_plan_cache")
 
     def __init__(self, config: AlfWorldConfig | None = None, **overrides: Any):
         config = dataclasses.replace(config or AlfWorldConfig(), **overrides)

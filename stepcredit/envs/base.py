@@ -5,6 +5,9 @@ environment on a task and then sends it one action string per step; the
 environment answers with an observation string, the admissible actions (when it
 knows them), the raw state used as a GiGPO anchor, the reward and the episode
 flags. See the Agent-R1 step-level MDP (arXiv 2511.14460).
+
+Snapshots are an optional part of the protocol (`SnapshotEnv`): the embedded
+simulators support them; TextWorld and the HTTP client env do not.
 """
 
 from __future__ import annotations
@@ -69,6 +72,44 @@ class Env(Protocol):
 
     def close(self) -> None:
         """Releases resources; a closed environment accepts no further calls."""
+
+
+@runtime_checkable
+class SnapshotEnv(Env, Protocol):
+    """An `Env` whose episode state can be saved and put back (optional).
+
+    Check for it with `isinstance(env, SnapshotEnv)`. The embedded simulators
+    (`WebShopEnv`, `AlfWorldEnv`, `HotpotQAEnv`) implement it; `TextWorldEnv`
+    and `HttpEnv` do not (their state lives in a game interpreter or on a
+    server). What a caller can rely on:
+
+    - After `restore(s)`, the environment answers every later call (`step`,
+      with the same observation, admissible actions, anchor, reward, flags and
+      info; `oracle_actions`, `oracle_distance`, `expert_action`,
+      `steps_taken`, `running`) exactly as it did when `s` was taken, a
+      finished episode staying finished.
+    - A snapshot is opaque and immutable: later steps, resets and restores do
+      not change it, and it can be restored any number of times, into the
+      environment it came from or into any other of the same class and config.
+    - `restore` raises ValueError for a snapshot of another environment class
+      or config, and RuntimeError on a closed environment; `snapshot` raises
+      RuntimeError before the first reset or once closed.
+    - `clone()` is a new environment in the same state, independent of this
+      one (stepping, resetting or closing one leaves the other as it was).
+    - All three copy only the episode state, never the data an environment
+      shares (catalogue, knowledge base, layouts): microseconds, not the
+      tens of milliseconds of `copy.deepcopy`.
+    - Snapshots are in-process objects, not a serialisation format.
+    """
+
+    def snapshot(self) -> Any:
+        """The episode state now, as an opaque immutable object for `restore`."""
+
+    def restore(self, snapshot: Any) -> None:
+        """Puts the environment back in the state `snapshot` was taken in."""
+
+    def clone(self) -> SnapshotEnv:
+        """A new, independent environment in the same state as this one."""
 
 
 def step_info(*, valid: bool, won: bool = False, score: float = 0.0, error: str = "",

@@ -400,6 +400,9 @@ class HotpotQAEnv(SimulatorEnv):
 
     name = "hotpotqa"
     splits = ("train", "test")
+    # What `_start` and `_act` set or change: the state a snapshot copies.
+    _episode_state = ("_question", "_page", "_keyword", "_results", "_count", "_revealed",
+                      "_searches", "_answers")
 
     def __init__(self, config: HotpotQAConfig | None = None, **overrides: Any):
         super().__init__(dataclasses.replace(config or HotpotQAConfig(), **overrides))

@@ -184,7 +184,8 @@ class HttpEnv:
     """One environment instance on an AgentGym-style server (implements `Env`).
 
     Not thread-safe: use one `HttpEnv` per thread (they share the server's
-    connection pool and concurrency limit).
+    connection pool and concurrency limit). No snapshots: the episode lives on
+    the server, so it is not a `SnapshotEnv`.
 
     Args:
       base_url: the server, e.g. "http://127.0.0.1:36001".

@@ -15,6 +15,11 @@ adapter plays compiled game files (`.z8`, e.g. from `tw-make`) through
 - the anchor: the room description and inventory as the game reports them,
   without the feedback or the move counter, so that equal states share it.
 
+It does not support snapshots (`SnapshotEnv`): the game state lives in the
+game interpreter, outside Python, and this adapter does not save it, so
+`snapshot`, `restore` and `clone` are absent and `isinstance(env, SnapshotEnv)`
+is False.
+
 Install with `pip install 'stepcredit[textworld]'`.
 """
 
@@ -50,7 +55,7 @@ def _feedback(raw: str) -> str:
 
 
 class TextWorldEnv:
-    """An `Env` over TextWorld game files.
+    """An `Env` over TextWorld game files (without snapshots: see the module docstring).
 
     Args:
       game_files: the compiled games (`.z8` or `.ulx`) that tasks index.

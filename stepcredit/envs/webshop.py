@@ -318,6 +318,9 @@ class WebShopEnv(SimulatorEnv):
 
     name = "webshop"
     splits = ("train", "test")
+    # What `_start` and `_act` set or change: the state a snapshot copies.
+    _episode_state = ("_goal", "_query", "_results_anchor", "_results", "_page", "_item",
+                      "_selected", "_buttons")
 
     def __init__(self, config: WebShopConfig | None = None, **overrides: Any):
         super().__init__(dataclasses.replace(config or WebShopConfig(), **overrides))
