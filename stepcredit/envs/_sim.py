@@ -22,7 +22,7 @@ from stepcredit.envs.base import Observation, StepResult, step_info
 Outcome = tuple[Observation, float, bool, dict[str, Any]]
 
 # The episode state every simulator has; a subclass's `_episode_state` adds its own.
-_BASE_STATE = ("_steps", "_running", "_obs")
+_BASE_STATE = ("_steps", "_running", "_terminated", "_obs")
 _CONTAINERS = (list, dict, set)
 
 
@@ -96,6 +96,7 @@ class SimulatorEnv(abc.ABC):
         self.max_steps = config.max_steps
         self._closed = False
         self._running = False
+        self._terminated = False
         self._steps = 0
         self._obs: Observation | None = None
 
@@ -137,6 +138,7 @@ class SimulatorEnv(abc.ABC):
                              f"for split {self.config.split!r}")
         self._steps = 0
         self._running = True
+        self._terminated = False
         self._obs = self._start(index)
         return self._obs
 
@@ -162,6 +164,7 @@ class SimulatorEnv(abc.ABC):
         truncated = not done and self._steps >= self.max_steps
         if done or truncated:
             self._running = False
+        self._terminated = done
         self._obs = obs
         return StepResult(obs, reward, done, truncated, info)
 
@@ -256,9 +259,13 @@ class SimulatorEnv(abc.ABC):
         return (Observation(message, obs.admissible_actions, obs.anchor, obs.task), 0.0, False,
                 step_info(valid=False, error=message, **extra))
 
-    def _require_running(self, method: str) -> None:
-        if not self._running:
+    def _require_state(self, method: str) -> None:
+        """The oracle answers from any state an episode can continue from, including the
+        last state of a truncated episode (whose distance grades the last step)."""
+        if self._obs is None or self._closed:
             raise RuntimeError(f"{type(self).__name__}.{method}: no episode is running")
+        if self._terminated:
+            raise RuntimeError(f"{type(self).__name__}.{method}: the episode terminated")
 
     @abc.abstractmethod
     def _start(self, index: int) -> Observation:

@@ -540,7 +540,7 @@ class AlfWorldEnv(SimulatorEnv):
         receptacle and appliance. The oracle knows where every object is, seen
         or not; `expert_action` is the expert that searches.
         """
-        self._require_running("oracle_actions")
+        self._require_state("oracle_actions")
         anchor = self._obs.anchor
         if self._plan_cache[0] != anchor:
             self._plan_cache = (anchor, self._shortest_plan(self._target_objects))
@@ -566,7 +566,7 @@ class AlfWorldEnv(SimulatorEnv):
         straight to objects nobody has seen, its choices follow from the
         observations, so its demonstrations can be imitated.
         """
-        self._require_running("expert_action")
+        self._require_state("expert_action")
         task, room = self._task, self._task.room
         lamp_known = task.task_type != "look_at_obj_in_light" or room.lamp in self._seen
         known = [o for o in self._target_objects if self._pos[o] < 0 or self._pos[o] in self._seen]

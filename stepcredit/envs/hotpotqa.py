@@ -502,7 +502,7 @@ class HotpotQAEnv(SimulatorEnv):
         entity holding an unread supporting fact (the open page first, then in
         hop order) a search unless it is open, a lookup per unread fact the
         search does not show, then `finish` with the answer."""
-        self._require_running("oracle_actions")
+        self._require_state("oracle_actions")
         unread: dict[str, list[int]] = {}
         for key, i in self._question.facts:
             if (key, i) not in self._revealed:

@@ -456,7 +456,7 @@ class WebShopEnv(SimulatorEnv):
         page: the missing options and buy if the product satisfies the goal, else
         back to the results or to search, whichever is shorter.
         """
-        self._require_running("oracle_actions")
+        self._require_state("oracle_actions")
         kind = self._obs.anchor.partition("|")[0]
         if kind == "search":
             return self._plan_from_search()
