@@ -44,10 +44,10 @@ class DiagnoseConfig:
     envs: tuple[str, ...] = SIMULATORS
     policy: str = "eps=0.3"
     estimators: tuple[str, ...] = ()
-    tasks: int = 16
+    tasks: int = 8
     group_size: int = 8
     seeds: tuple[int, ...] = (0, 1)
-    continuations: int = 4
+    continuations: int = 8
     values: str = "table"
     prm_steps: int = 20
     bootstrap: int = 200

@@ -37,7 +37,8 @@ class TokenView(NamedTuple):
     ref_logp: np.ndarray | None = None
 
 
-def _bucket(n: int) -> int:
+def bucket(n: int) -> int:
+    """The power of two at or above `n` (at least 1)."""
     return 1 << max(0, int(n) - 1).bit_length()
 
 
@@ -59,7 +60,7 @@ def _pad(x: np.ndarray, shape: tuple[int, ...], fill) -> np.ndarray:
 
 def _batches(stacked: Stacked, values: np.ndarray, tokens: TokenView, t_pad: int, n_pad: int):
     b, t = stacked.mask.shape
-    b_pad = _bucket(b)
+    b_pad = bucket(b)
     mask = _pad(stacked.mask, (b_pad, t_pad), False)
     lengths = stacked.mask.sum(1)
     last = np.zeros((b, t), bool)
@@ -121,8 +122,8 @@ def step_credit(names: Sequence[str], stacked: Stacked, values: np.ndarray, toke
       name -> `[B, T]` float64 credit.
     """
     b, t = stacked.mask.shape
-    t_pad = num_steps or _bucket(t)
-    n_pad = num_tokens or _bucket(tokens.step_index.shape[1])
+    t_pad = num_steps or bucket(t)
+    n_pad = num_tokens or bucket(tokens.step_index.shape[1])
     steps, token_batch, token_values, prm = _batches(stacked, values, tokens, t_pad, n_pad)
     out = {}
     for name in names:

@@ -22,13 +22,14 @@ from stepcredit import advantages as adv
 from stepcredit.diagnose import metrics
 from stepcredit.diagnose.config import STEP_LIMITS, DiagnoseConfig
 from stepcredit.diagnose.episodes import Episode, Stacked, stack
-from stepcredit.diagnose.estimates import (REFERENCES, TokenView, reference_credit, step_credit,
-                                           word_tokens)
+from stepcredit.diagnose.estimates import (REFERENCES, TokenView, bucket, reference_credit,
+                                           step_credit, word_tokens)
 from stepcredit.diagnose.policies import parse_policy
 from stepcredit.diagnose.result import METRICS, Diagnosis, Example, Score
 from stepcredit.diagnose.sample import sample_episodes, sample_tasks
 from stepcredit.diagnose.values import step_values
 from stepcredit.envs import registry as envs
+from stepcredit.envs.base import SnapshotEnv
 
 def _make_env(name: str, config: DiagnoseConfig):
     options: dict[str, Any] = {"split": config.split}
@@ -38,13 +39,35 @@ def _make_env(name: str, config: DiagnoseConfig):
     if max_steps is not None:
         options["max_steps"] = max_steps
     env = envs.make(name, **options)
-    missing = [m for m in ("oracle_distance", "expert_action", "snapshot", "restore")
-               if not callable(getattr(env, m, None))]
-    if missing:
+    if not isinstance(env, SnapshotEnv) or not all(
+            callable(getattr(env, m, None)) for m in ("oracle_distance", "expert_action")):
         env.close()
-        raise ValueError(f"diagnose: environment {name!r} lacks {', '.join(missing)}: only "
-                         "simulators that know the right action and can be snapshotted qualify")
+        raise ValueError(f"diagnose: environment {name!r} cannot be diagnosed: only simulators "
+                         "that know the right action (oracle_distance, expert_action) and can be "
+                         "snapshotted (SnapshotEnv) can")
     return env
+
+
+def _play(env_name: str, policy, config: DiagnoseConfig,
+          progress: bool) -> tuple[list[Episode], list[Episode]]:
+    """The diagnosed episodes of every seed, and the separate batch a value table is fitted on."""
+    env = _make_env(env_name, config)
+    episodes, fitting = [], []
+    total = len(config.seeds) * config.tasks * config.group_size
+    try:
+        with tqdm(total=total, desc=f"{env_name}: episodes", disable=not progress,
+                  leave=False) as bar:
+            for seed in config.seeds:
+                tasks = sample_tasks(env.num_tasks, config.tasks, seed)
+                episodes += sample_episodes(env, policy, tasks, group_size=config.group_size,
+                                            seed=seed, continuations=config.continuations,
+                                            progress=bar.update)
+                if config.values == "table":
+                    fitting += sample_episodes(env, policy, tasks, stream=1, seed=seed,
+                                               group_size=config.group_size, continuations=0)
+    finally:
+        env.close()
+    return episodes, fitting
 
 
 def _padded(rows: Sequence[np.ndarray], t: int) -> np.ndarray:
@@ -126,27 +149,11 @@ def diagnose(config: DiagnoseConfig = DiagnoseConfig(), *, progress: bool = True
                  "zero": "V = 0",
                  "table": "per-anchor Monte Carlo table fitted on a separate batch of the same "
                           "tasks"}[config.values]]
-    scores: list[Score] = []
-    examples: list[Example] = []
+    sampled = {}
     for env_name in config.envs:
-        env = _make_env(env_name, config)
-        try:
-            start = time.perf_counter()
-            episodes, fitting = [], []
-            total = len(config.seeds) * config.tasks * config.group_size
-            with tqdm(total=total, desc=f"{env_name}: episodes", disable=not progress,
-                      leave=False) as bar:
-                for seed in config.seeds:
-                    tasks = sample_tasks(env.num_tasks, config.tasks, seed)
-                    episodes += sample_episodes(env, policy, tasks, group_size=config.group_size,
-                                                seed=seed, continuations=config.continuations,
-                                                progress=bar.update)
-                    if config.values == "table":
-                        fitting += sample_episodes(env, policy, tasks, stream=1, seed=seed,
-                                                   group_size=config.group_size, continuations=0)
-            seconds["sample"] += time.perf_counter() - start
-        finally:
-            env.close()
+        start = time.perf_counter()
+        episodes, fitting = _play(env_name, policy, config, progress)
+        seconds["sample"] += time.perf_counter() - start
         start = time.perf_counter()
         stacked = stack(episodes)
         values = _padded(step_values(episodes, config.values, fitting), stacked.mask.shape[1])
@@ -154,9 +161,20 @@ def diagnose(config: DiagnoseConfig = DiagnoseConfig(), *, progress: bool = True
         start = time.perf_counter()
         tokens = _tokens(episodes, env_name, config, names, notes)
         seconds["prm"] += time.perf_counter() - start
+        sampled[env_name] = (episodes, stacked, values, tokens)
+        if log is not None:
+            log(f"{env_name}: {len(episodes)} episodes, {int(stacked.mask.sum())} steps, "
+                f"{stacked.won.mean():.0%} won")
+    # One padded shape for every simulator, so each estimator compiles once.
+    num_steps = bucket(max(s.mask.shape[1] for _, s, _, _ in sampled.values()))
+    num_tokens = bucket(max(t.step_index.shape[1] for *_, t in sampled.values()))
+    scores: list[Score] = []
+    examples: list[Example] = []
+    for env_name, (episodes, stacked, values, tokens) in sampled.items():
         start = time.perf_counter()
         credit = reference_credit(stacked, config.seeds[0])
-        credit.update(step_credit(names, stacked, values, tokens))
+        credit.update(step_credit(names, stacked, values, tokens, num_steps=num_steps,
+                                  num_tokens=num_tokens))
         seconds["credit"] += time.perf_counter() - start
         start = time.perf_counter()
         for name in tqdm(list(credit), desc=f"{env_name}: scoring", disable=not progress,
@@ -165,9 +183,6 @@ def diagnose(config: DiagnoseConfig = DiagnoseConfig(), *, progress: bool = True
                             bootstrap=config.bootstrap)
         seconds["score"] += time.perf_counter() - start
         examples += _examples(env_name, episodes, stacked, credit, config.examples)
-        if log is not None:
-            log(f"{env_name}: {len(episodes)} episodes, {int(stacked.mask.sum())} steps, "
-                f"{stacked.won.mean():.0%} won")
     settings = {**dataclasses.asdict(config), "estimators": list(names),
                 "references": list(REFERENCES)}
     return Diagnosis(settings, tuple(scores), tuple(examples),

@@ -7,7 +7,7 @@ behaviour policy's advantage from snapshots of the simulator:
     Q^(s_t, a_t) = mean_k G_k(s_t, a_t),   G_k: return of rollout k that takes
                    a_t and then follows pi to the episode's end,
     V^(s_t)      = mean_k G_k(s_t, a'_k),   a'_k ~ pi(. | s_t),
-    A^pi(s_t, a_t) ~ Q^ - V^,   se = sqrt(s_Q^2 / K + s_V^2 / K),
+    A^pi(s_t, a_t) ~ Q^ - V^,   se = std_k(G_k(s_t, a_t) - G_k(s_t, a'_k)) / sqrt(K),
 
 with undiscounted returns (gamma = 1) and the episode's own step limit (the
 snapshot keeps the step counter, so a rollout is truncated where the episode
@@ -54,25 +54,31 @@ def monte_carlo_advantage(env: Any, policy: Policy, observation: Observation, hi
                           rng: np.random.Generator) -> tuple[float, float]:
     """A^pi(s_t, a_t) ~ Q^ - V^ from `continuations` rollouts each (module doc).
 
+    Rollout k of Q and rollout k of V share their random numbers after the
+    first action (common random numbers): where V's first action is a_t the
+    two returns are equal, so the paired differences d_k = G_k^Q - G_k^V have
+    far less variance than independent rollouts, and each is still unbiased.
     The environment must support snapshots; it is left in the state it was in.
 
     Returns:
-      `(advantage, standard_error)`; the error is 0 when every rollout
-      returned the same.
+      `(advantage, standard_error)`: the mean of the d_k and its standard
+      error std(d) / sqrt(K) (NaN for K = 1).
     """
     snapshot, step = env.snapshot(), env.steps_taken
-    q, v = np.empty(continuations), np.empty(continuations)
+    streams = rng.integers(2**63, size=continuations)
+    differences = np.empty(continuations)
+    actions, probs = policy.distribution(env, observation, history, step, deviation)
     for k in range(continuations):
-        q[k] = _return_after(env, policy, observation, history, deviation, action, rng)
+        q = _return_after(env, policy, observation, history, deviation, action,
+                          np.random.default_rng(streams[k]))
         env.restore(snapshot)
-        actions, probs = policy.distribution(env, observation, history, step, deviation)
-        v[k] = _return_after(env, policy, observation, history, deviation,
-                             _sample(actions, probs, rng), rng)
+        v = _return_after(env, policy, observation, history, deviation,
+                          _sample(actions, probs, rng), np.random.default_rng(streams[k]))
         env.restore(snapshot)
+        differences[k] = q - v
     if continuations < 2:
-        return float(q.mean() - v.mean()), float("nan")
-    se = np.sqrt(q.var(ddof=1) / continuations + v.var(ddof=1) / continuations)
-    return float(q.mean() - v.mean()), float(se)
+        return float(differences.mean()), float("nan")
+    return float(differences.mean()), float(differences.std(ddof=1) / np.sqrt(continuations))
 
 
 def play(env: Any, policy: Policy, task: int, rng: np.random.Generator, *, seed: int = 0,
@@ -84,7 +90,8 @@ def play(env: Any, policy: Policy, task: int, rng: np.random.Generator, *, seed:
         `continuations` > 0, `snapshot`/`restore`.
       policy: the behaviour policy.
       task: the task index.
-      rng: the episode's random generator (actions, deviation, rollouts).
+      rng: the episode's random generator (actions and deviation; the rollouts
+        use a stream spawned from it, so the episode does not depend on K).
       seed, group: recorded in the episode.
       continuations: K, the Monte Carlo rollouts per action and per state;
         0 leaves `advantage` NaN.
@@ -92,6 +99,8 @@ def play(env: Any, policy: Policy, task: int, rng: np.random.Generator, *, seed:
     Returns:
       The `Episode`.
     """
+    # Rollouts draw from their own stream, so the episode itself is the same for any K.
+    rng, rollout_rng = rng.spawn(2)
     observation = env.reset(task)
     deviation = policy.deviation(env, rng)
     history: list[tuple[str, str]] = []
@@ -105,7 +114,7 @@ def play(env: Any, policy: Policy, task: int, rng: np.random.Generator, *, seed:
         advantage = se = float("nan")
         if continuations:
             advantage, se = monte_carlo_advantage(env, policy, observation, history, deviation,
-                                                  action, continuations, rng)
+                                                  action, continuations, rollout_rng)
         result = env.step(action)
         if result.done:
             won, score = bool(result.info.get("won")), float(result.info.get("score", 0.0))
