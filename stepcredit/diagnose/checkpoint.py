@@ -290,22 +290,22 @@ def checkpoint_values(run: LoadedRun | CheckpointPolicy | str | os.PathLike,
       ValueError: a replay does not reproduce an episode's observations, or
         the run cannot be loaded (`load_run`).
     """
-    if not episodes:
-        return []
     if isinstance(run, CheckpointPolicy):
         run = run.run
     elif not isinstance(run, LoadedRun):
         run = load_run(run)
+    if not episodes:
+        return []
     observations = _observations(run, episodes, env)
     prompts = [step_prompt(run.tokenizer, run.config.rollout, obs[t],
                            _prompt_history(run, list(zip(e.observations[:t], e.actions[:t])))).ids
                for e, obs in zip(episodes, observations) for t in range(e.length)]
-    values = np.empty(len(prompts))
+    values, budget = np.empty(len(prompts)), run.config.rollout.max_prompt_tokens
     for start in range(0, len(prompts), VALUE_CHUNK):
         chunk = prompts[start:start + VALUE_CHUNK]
         batch = _bucket(len(chunk))
         packed = pack_rows(chunk + [chunk[0]] * (batch - len(chunk)),
-                           length=_width(max(map(len, chunk)), run.config.rollout.max_prompt_tokens),
+                           length=_width(max(map(len, chunk)), budget),
                            pad_id=run.tokenizer.special.pad, side="left")
         _, state_values = forward(run.graphdef, run.params, jnp.asarray(packed.tokens),
                                   jnp.asarray(packed.mask))
