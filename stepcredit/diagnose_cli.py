@@ -36,7 +36,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--policy", default=d.policy,
                         help="behaviour policy: eps=EPS (expert, else uniform with probability "
                              "EPS), uniform, deviation (one wrong step at a random step of the "
-                             "expert's path) or deviation@STEP")
+                             "expert's path), deviation@STEP or checkpoint=LOGDIR (a trained run, "
+                             "over the admissible actions)")
     parser.add_argument("--estimators", action="append", default=[], metavar="NAMES",
                         help="estimator names, repeatable or comma-separated; all (the default) "
                              "for every registered one")
@@ -47,7 +48,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--continuations", type=int, default=d.continuations,
                         help="K: Monte Carlo rollouts per action and per state for A^pi")
     parser.add_argument("--values", default=d.values, choices=VALUE_SOURCES,
-                        help="critic of step and token GAE")
+                        help="critic of step and token GAE (checkpoint: --value-checkpoint's "
+                             "value head)")
+    parser.add_argument("--value-checkpoint", default=None, metavar="LOGDIR",
+                        help="the trained run whose value head --values checkpoint reads")
     parser.add_argument("--prm-steps", type=int, default=d.prm_steps,
                         help="optimizer steps of the implicit PRM of iStar and PRIME")
     parser.add_argument("--bootstrap", type=int, default=d.bootstrap,
@@ -91,7 +95,8 @@ def run(args: argparse.Namespace) -> int:
         config = DiagnoseConfig(
             envs=_names(args.env) or SIMULATORS, policy=args.policy, estimators=estimators,
             tasks=args.tasks, group_size=args.group_size, seeds=tuple(range(args.seeds)),
-            continuations=args.continuations, values=args.values, prm_steps=args.prm_steps,
+            continuations=args.continuations, values=args.values,
+            value_checkpoint=args.value_checkpoint, prm_steps=args.prm_steps,
             bootstrap=args.bootstrap, split=args.split, difficulty=args.difficulty,
             max_steps=args.max_steps)
         diagnosis = diagnose(config, progress=not args.no_progress, log=print)

@@ -22,17 +22,19 @@ class DiagnoseConfig:
     """What `diagnose` runs.
 
     Attributes:
-      envs: simulators (each must offer `oracle_distance`, `expert_action` and
+      envs: simulators (each must offer `oracle_distance`, `oracle_actions` and
         snapshots).
       policy: the behaviour policy ("eps=0.3", "uniform", "deviation",
-        "deviation@STEP"; `stepcredit.diagnose.policies.parse_policy`).
+        "deviation@STEP", "checkpoint=LOGDIR";
+        `stepcredit.diagnose.policies.parse_policy`).
       estimators: registered estimator names; empty for all of them.
       tasks: tasks per simulator and seed.
       group_size: G, episodes per task (the group of the group estimators).
       seeds: the seeds; each samples its own tasks and episodes.
       continuations: K, Monte Carlo rollouts per action and per state.
-      values: the critic of step and token GAE: "zero" or "table"
-        (`stepcredit.diagnose.values`).
+      values: the critic of step and token GAE: "zero", "table" or
+        "checkpoint" (`stepcredit.diagnose.values`).
+      value_checkpoint: the trained run whose value head "checkpoint" reads.
       prm_steps: optimizer steps of the implicit PRM of iStar and PRIME.
       bootstrap: bootstrap resamples of each interval.
       split: the task split.
@@ -49,6 +51,7 @@ class DiagnoseConfig:
     seeds: tuple[int, ...] = (0, 1)
     continuations: int = 8
     values: str = "table"
+    value_checkpoint: str | None = None
     prm_steps: int = 20
     bootstrap: int = 200
     split: str = "train"
@@ -73,7 +76,9 @@ class DiagnoseConfig:
         if unknown:
             raise ValueError(f"diagnose: unknown estimators {unknown}; registered: "
                              f"{', '.join(adv.names())}")
-        parse_policy(self.policy)
+        if self.values == "checkpoint" and self.value_checkpoint is None:
+            raise ValueError("diagnose: values 'checkpoint' needs value_checkpoint (--value-checkpoint)")
+        parse_policy(self.policy, load=False)
 
     @property
     def estimator_names(self) -> tuple[str, ...]:

@@ -3,8 +3,10 @@
 A policy gives, at each step, a distribution over the admissible actions; the
 diagnosis samples from it, records its entropy (so entropy-based estimators
 such as EMPG see real inputs) and replays it from snapshots for Monte Carlo
-ground truth. All of them lean on the simulator's expert
-(`env.expert_action()`: an action of a shortest path to a success).
+ground truth. All of them lean on the simulator's oracle
+(`env.oracle_actions()[0]`: the next action of a shortest path to a success;
+on ALFWorld it knows where unseen objects lie, unlike `expert_action`, which
+searches, so that every step of the expert here makes progress).
 
   - `EpsilonExpert(eps)`: the expert with probability 1 - eps, else a uniform
     admissible action: pi(a) = (1 - eps) 1[a = a*] + eps / |A|.
@@ -13,13 +15,15 @@ ground truth. All of them lean on the simulator's expert
     over the first d(s_0) steps of the episode) where it takes a uniformly
     chosen wrong action: one that does not bring the goal closer.
 
-`parse_policy("eps=0.3" | "uniform" | "deviation" | "deviation@2")` reads the
-command line's spelling.
+A trained run is a fourth (`stepcredit.diagnose.checkpoint.CheckpointPolicy`).
+`parse_policy("eps=0.3" | "uniform" | "deviation" | "deviation@2" |
+"checkpoint=LOGDIR")` reads the command line's spelling.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import os
 from typing import Any, Protocol, Sequence
 
 import numpy as np
@@ -56,8 +60,8 @@ def entropy(probs: np.ndarray) -> float:
 
 def _choices(env: Any, observation: Observation) -> tuple[tuple[str, ...], str]:
     """The admissible actions (with the expert's, which a free-text search may
-    add) and the expert's action."""
-    expert = env.expert_action()
+    add) and the expert's action: the oracle's next one."""
+    expert = env.oracle_actions()[0]
     actions = tuple(observation.admissible_actions or ())
     if expert not in actions:
         actions += (expert,)
@@ -135,9 +139,11 @@ class SingleDeviation:
         return (expert,), np.ones(1)
 
 
-def parse_policy(text: str) -> Policy:
+def parse_policy(text: str, *, load: bool = True) -> Policy | None:
     """A policy from its command-line spelling: "eps=0.3", "uniform",
-    "deviation" or "deviation@STEP".
+    "deviation", "deviation@STEP" or "checkpoint=LOGDIR" (a trained run;
+    with `load=False` only the spelling and the folder are checked, and None
+    is returned).
 
     Raises:
       ValueError: an unknown spelling, naming the accepted ones.
@@ -152,6 +158,16 @@ def parse_policy(text: str) -> Policy:
             return SingleDeviation()
         if spelled.startswith("deviation@"):
             return SingleDeviation(int(spelled[len("deviation@"):]))
+        if spelled.startswith("checkpoint="):
+            logdir = spelled[len("checkpoint="):]
+            if not os.path.isdir(logdir):
+                raise ValueError(f"{logdir} is not a run's folder")
+            if not load:
+                return None
+            from stepcredit.diagnose.checkpoint import CheckpointPolicy  # loads a model
+
+            return CheckpointPolicy.load(logdir)
     except ValueError as error:
         raise ValueError(f"--policy {text!r}: {error}") from None
-    raise ValueError(f"--policy {text!r}: expected eps=EPS, uniform, deviation or deviation@STEP")
+    raise ValueError(f"--policy {text!r}: expected eps=EPS, uniform, deviation, deviation@STEP or "
+                     "checkpoint=LOGDIR")

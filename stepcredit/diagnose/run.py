@@ -40,17 +40,17 @@ def _make_env(name: str, config: DiagnoseConfig):
         options["max_steps"] = max_steps
     env = envs.make(name, **options)
     if not isinstance(env, SnapshotEnv) or not all(
-            callable(getattr(env, m, None)) for m in ("oracle_distance", "expert_action")):
+            callable(getattr(env, m, None)) for m in ("oracle_distance", "oracle_actions")):
         env.close()
         raise ValueError(f"diagnose: environment {name!r} cannot be diagnosed: only simulators "
-                         "that know the right action (oracle_distance, expert_action) and can be "
+                         "that know the right action (oracle_distance, oracle_actions) and can be "
                          "snapshotted (SnapshotEnv) can")
     return env
 
 
 def _play(env_name: str, policy, config: DiagnoseConfig,
-          progress: bool) -> tuple[list[Episode], list[Episode]]:
-    """The diagnosed episodes of every seed, and the separate batch a value table is fitted on."""
+          progress: bool) -> tuple[list[Episode], list[np.ndarray]]:
+    """The diagnosed episodes of every seed and their values (`config.values`)."""
     env = _make_env(env_name, config)
     episodes, fitting = [], []
     total = len(config.seeds) * config.tasks * config.group_size
@@ -65,9 +65,11 @@ def _play(env_name: str, policy, config: DiagnoseConfig,
                 if config.values == "table":
                     fitting += sample_episodes(env, policy, tasks, stream=1, seed=seed,
                                                group_size=config.group_size, continuations=0)
+        values = step_values(episodes, config.values, fitting,
+                             checkpoint=config.value_checkpoint, env=env)
     finally:
         env.close()
-    return episodes, fitting
+    return episodes, values
 
 
 def _padded(rows: Sequence[np.ndarray], t: int) -> np.ndarray:
@@ -142,22 +144,21 @@ def diagnose(config: DiagnoseConfig = DiagnoseConfig(), *, progress: bool = True
     """
     policy = parse_policy(config.policy)
     names = config.estimator_names
-    seconds = {"sample": 0.0, "fit_values": 0.0, "prm": 0.0, "credit": 0.0, "score": 0.0}
+    seconds = {"sample": 0.0, "prm": 0.0, "credit": 0.0, "score": 0.0}
     notes = [f"behaviour policy {policy.label}; A^pi from K={config.continuations} Monte Carlo "
              "rollouts per action and per state",
              "values for step and token GAE: " + {
                  "zero": "V = 0",
                  "table": "per-anchor Monte Carlo table fitted on a separate batch of the same "
-                          "tasks"}[config.values]]
+                          "tasks",
+                 "checkpoint": f"the value head of {config.value_checkpoint}"}[config.values]]
     sampled = {}
     for env_name in config.envs:
         start = time.perf_counter()
-        episodes, fitting = _play(env_name, policy, config, progress)
-        seconds["sample"] += time.perf_counter() - start
-        start = time.perf_counter()
+        episodes, values = _play(env_name, policy, config, progress)
         stacked = stack(episodes)
-        values = _padded(step_values(episodes, config.values, fitting), stacked.mask.shape[1])
-        seconds["fit_values"] += time.perf_counter() - start
+        values = _padded(values, stacked.mask.shape[1])
+        seconds["sample"] += time.perf_counter() - start
         start = time.perf_counter()
         tokens = _tokens(episodes, env_name, config, names, notes)
         seconds["prm"] += time.perf_counter() - start

@@ -86,7 +86,7 @@ def play(env: Any, policy: Policy, task: int, rng: np.random.Generator, *, seed:
     """Plays one episode of `policy` on task `task` with its ground truth.
 
     Args:
-      env: a simulator with `oracle_distance`, `expert_action` and, when
+      env: a simulator with `oracle_distance`, `oracle_actions` and, when
         `continuations` > 0, `snapshot`/`restore`.
       policy: the behaviour policy.
       task: the task index.

@@ -6,6 +6,8 @@
     observed from the states with s's anchor, the best critic the data allow
     without function approximation. An anchor the fitting batch never saw
     falls back to the mean return-to-go of its task's states, then of all.
+  - "checkpoint": a trained run's value head at each step's prompt
+    (`stepcredit.diagnose.checkpoint.checkpoint_values`).
 
 Bootstrap values are 0: after a truncation no steps remain, so the true value
 of the state after the last step is 0 under the episode's step limit.
@@ -13,13 +15,13 @@ of the state after the last step is 0 under the episode's step limit.
 
 from __future__ import annotations
 
-from typing import Hashable, Mapping, Sequence
+from typing import Any, Hashable, Mapping, Sequence
 
 import numpy as np
 
 from stepcredit.diagnose.episodes import Episode
 
-VALUE_SOURCES = ("zero", "table")
+VALUE_SOURCES = ("zero", "table", "checkpoint")
 
 
 def returns_to_go(rewards: np.ndarray) -> np.ndarray:
@@ -51,13 +53,17 @@ class ValueTable:
 
 
 def step_values(episodes: Sequence[Episode], source: str,
-                fitting: Sequence[Episode] | None = None) -> list[np.ndarray]:
+                fitting: Sequence[Episode] | None = None, *, checkpoint: str | None = None,
+                env: Any = None) -> list[np.ndarray]:
     """`[T]` values of each episode's steps from `source` (module doc).
 
     Args:
       episodes: the episodes to value.
-      source: "zero" or "table".
+      source: "zero", "table" or "checkpoint".
       fitting: the separate batch the table is fitted on (source "table").
+      checkpoint: the run's logdir (source "checkpoint").
+      env: the simulator the episodes were played on (source "checkpoint":
+        their prompts list its admissible actions).
     """
     if source == "zero":
         return [np.zeros(e.length) for e in episodes]
@@ -66,4 +72,10 @@ def step_values(episodes: Sequence[Episode], source: str,
             raise ValueError("step_values: source 'table' needs a fitting batch")
         table = ValueTable(fitting)
         return [table(e) for e in episodes]
+    if source == "checkpoint":
+        if checkpoint is None:
+            raise ValueError("step_values: source 'checkpoint' needs the run's logdir")
+        from stepcredit.diagnose.checkpoint import checkpoint_values  # loads a model
+
+        return checkpoint_values(checkpoint, episodes, env=env)
     raise ValueError(f"values: unknown source {source!r}; expected one of {', '.join(VALUE_SOURCES)}")

@@ -165,3 +165,17 @@ def test_a_logdir_without_a_checkpoint_is_one_clear_line(logdir, tmp_path):
         checkpoint_values(tmp_path, [])  # nothing to value, but the run is still checked
     for error in (missing, empty, empty_folder):
         assert "\n" not in str(error.value)
+
+
+def test_diagnose_grades_credit_under_a_trained_policy_and_its_value_head(logdir):
+    from stepcredit.diagnose.config import DiagnoseConfig
+    from stepcredit.diagnose.run import diagnose
+
+    diagnosis = diagnose(DiagnoseConfig(
+        envs=("alfworld",), policy=f"checkpoint={logdir}", values="checkpoint",
+        value_checkpoint=str(logdir), estimators=("grpo", "step_gae"), tasks=2, group_size=2,
+        seeds=(0,), continuations=1, max_steps=4, bootstrap=5), progress=False)
+    assert diagnosis.score("alfworld", "step_gae", "auc").n > 0
+    assert any(str(logdir) in note for note in diagnosis.notes)
+    with pytest.raises(ValueError, match="needs value_checkpoint"):
+        DiagnoseConfig(values="checkpoint")
