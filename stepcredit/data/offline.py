@@ -520,12 +520,14 @@ def _records_table(records: list[dict]) -> pa.Table:
     """JSONL records as a table: schema fields in their types, other fields as inferred."""
     names = list(dict.fromkeys(key for record in records for key in record))
     fields = [schema.ARROW_SCHEMA.field(n) if n in schema.ARROW_SCHEMA.names else None for n in names]
-    inferred = pa.Table.from_pylist([{n: r.get(n) for n in names if n not in schema.ARROW_SCHEMA.names}
-                                     for r in records])
     arrays = []
     for name, field in zip(names, fields):
         if field is None:
-            arrays.append(inferred.column(name))
+            try:
+                arrays.append(pa.array([r.get(name) for r in records]))
+            except (pa.ArrowInvalid, pa.ArrowTypeError) as error:
+                raise ValueError(f"column {name!r} mixes types that a Parquet column cannot hold "
+                                 f"({error}); write a .jsonl output to keep it as it is") from None
         else:
             values = [r.get(name) for r in records]
             if name in ("trajectory_id", "group_id", "anchor"):

@@ -33,6 +33,12 @@ Fields (R: required in every record; O: optional, may be missing or null):
                                  prompt is the observation
 
 Done and truncated only on a trajectory's last row, never both.
+
+Other columns are carried through `stepcredit credit` untouched. One of them
+may be a per-step label, for instance a human annotation of each step: a
+number or a bool on every row, > 0 (True) for a good step; `stepcredit
+diagnose --input LOG --label-column NAME` grades the estimators' credit
+against it (`stepcredit.diagnose.offline`).
 """
 
 from __future__ import annotations

@@ -15,12 +15,12 @@ score (the `score` column, else the sum of its rewards) is below
 
 from __future__ import annotations
 
+import json
 import os
 import tempfile
 from typing import Sequence
 
 import numpy as np
-import pyarrow.parquet as pq
 
 from stepcredit import advantages as adv
 from stepcredit.data.offline import ADVANTAGE, TOKEN_ADVANTAGES, compute_credit
@@ -30,11 +30,18 @@ from stepcredit.diagnose.run import grade, pick_examples
 from stepcredit.keys import dense_ids
 
 
-def _labels(table, column: str) -> np.ndarray:
-    if column not in table.column_names:
+def _read(path: str) -> dict[str, list]:
+    """A credited JSONL output as columns (every record holds the same keys)."""
+    with open(path, encoding="utf-8") as handle:
+        records = [json.loads(line) for line in handle]
+    return {name: [r.get(name) for r in records] for name in records[0]}
+
+
+def _labels(table: dict[str, list], column: str) -> np.ndarray:
+    if column not in table:
         raise ValueError(f"--label-column {column!r} is not a column of the log; its columns: "
-                         f"{', '.join(table.column_names)}")
-    values = table.column(column).to_pylist()
+                         f"{', '.join(table)}")
+    values = table[column]
     out = np.empty(len(values))
     for row, value in enumerate(values):
         if isinstance(value, bool):
@@ -46,24 +53,24 @@ def _labels(table, column: str) -> np.ndarray:
     return out
 
 
-def _layout(table) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def _layout(table: dict[str, list]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Row -> (trajectory b, step t), and the trajectories' group ids."""
-    rows, _ = dense_ids(np.asarray(table.column("trajectory_id").to_pylist(), dtype=object))
-    steps = np.asarray(table.column("step_index").to_pylist(), dtype=np.int64)
-    groups = np.asarray(table.column("group_id").to_pylist(), dtype=object)
+    rows, _ = dense_ids(np.asarray([str(i) for i in table["trajectory_id"]], dtype=object))
+    steps = np.asarray(table["step_index"], dtype=np.int64)
+    groups = np.asarray([str(g) for g in table["group_id"]], dtype=object)
     group_of = np.empty(rows.max() + 1, dtype=object)
     group_of[rows] = groups
     group_ids, _ = dense_ids(group_of)
     return rows, steps, group_ids.astype(np.int32)
 
 
-def _row_credit(table) -> np.ndarray:
-    if ADVANTAGE in table.column_names:
-        return np.asarray(table.column(ADVANTAGE).to_pylist(), dtype=np.float64)
-    return np.array([np.mean(tokens) for tokens in table.column(TOKEN_ADVANTAGES).to_pylist()])
+def _row_credit(table: dict[str, list]) -> np.ndarray:
+    if ADVANTAGE in table:
+        return np.asarray(table[ADVANTAGE], dtype=np.float64)
+    return np.array([np.mean(tokens) for tokens in table[TOKEN_ADVANTAGES]])
 
 
-def _stacked(table, labels: np.ndarray, success_threshold: float) -> Stacked:
+def _stacked(table: dict[str, list], labels: np.ndarray, success_threshold: float) -> Stacked:
     rows, steps, group_ids = _layout(table)
     b, t = rows.max() + 1, steps.max() + 1
     mask = np.zeros((b, t), bool)
@@ -71,10 +78,10 @@ def _stacked(table, labels: np.ndarray, success_threshold: float) -> Stacked:
     label = np.full((b, t), np.nan)
     label[rows, steps] = labels
     rewards = np.zeros((b, t), np.float32)
-    rewards[rows, steps] = table.column("reward").to_pylist()
+    rewards[rows, steps] = table["reward"]
     scores = rewards.sum(1)
-    if "score" in table.column_names:
-        logged = np.asarray([np.nan if s is None else s for s in table.column("score").to_pylist()])
+    if "score" in table:
+        logged = np.asarray([np.nan if s is None else s for s in table["score"]], dtype=np.float64)
         known = np.isfinite(logged)
         scores[rows[known]] = logged[known]
     return Stacked(mask=mask, rewards=rewards, entropy=np.zeros((b, t), np.float32),
@@ -119,13 +126,14 @@ def diagnose_log(source: str | os.PathLike, label_column: str, *, estimators: Se
     stacked = None
     with tempfile.TemporaryDirectory() as folder:
         for name in tqdm(names, desc="diagnose estimators", disable=not progress):
-            output = os.path.join(folder, f"{len(kept)}.parquet")
+            # JSONL keeps the label column exactly as logged, whatever its type.
+            output = os.path.join(folder, f"{len(kept)}.jsonl")
             try:
                 compute_credit(source, output, name, progress=False)
             except ValueError as error:  # what this estimator reads is missing, or a bad record
                 notes.append(f"{name}: not run: {error}")
                 continue
-            credited = pq.read_table(output)
+            credited = _read(output)
             if stacked is None:
                 stacked = _stacked(credited, _labels(credited, label_column), success_threshold)
             rows, steps, _ = _layout(credited)
