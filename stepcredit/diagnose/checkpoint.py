@@ -30,7 +30,6 @@ import numpy as np
 from flax import nnx
 
 from stepcredit.diagnose.episodes import Episode
-from stepcredit.diagnose.policies import History
 from stepcredit.envs.base import Observation
 from stepcredit.models.tokenizer import WordTokenizer
 from stepcredit.models.transformer import forward, pack_rows
@@ -111,7 +110,7 @@ def _emitted_ids(run: LoadedRun, action: str, admissible: Sequence[str] | None) 
     return ids + [run.tokenizer.special.eoa] if len(ids) < rollout.action_length else ids
 
 
-def _prompt_history(run: LoadedRun, history: History) -> list[tuple[str, Any]]:
+def _prompt_history(run: LoadedRun, history: Sequence[tuple[str, str]]) -> list[tuple[str, Any]]:
     """The diagnosis's (observation, action text) pairs as the rollout keeps them: the
     sampled ids of each action (the choice format: its text; `history_action`)."""
     rollout = run.config.rollout
@@ -197,7 +196,7 @@ class CheckpointPolicy:
     def deviation(self, env: Any, rng: np.random.Generator) -> int:
         return -1
 
-    def logprobs(self, observation: Observation, history: History) -> np.ndarray:
+    def logprobs(self, observation: Observation, history: Sequence[tuple[str, str]]) -> np.ndarray:
         """`[K]` log pi(a | s) at temperature 1 of the K admissible actions (cached)."""
         actions = tuple(observation.admissible_actions or ())
         if not actions:
@@ -216,7 +215,7 @@ class CheckpointPolicy:
                                  f"budget; the policy can sample none of {list(actions)[:3]}")
         return logp.copy()
 
-    def distribution(self, env: Any, observation: Observation, history: History, step: int,
+    def distribution(self, env: Any, observation: Observation, history: Sequence[tuple[str, str]], step: int,
                      deviation: int) -> tuple[tuple[str, ...], np.ndarray]:
         """The admissible actions and pi_T over them (float64, summing to 1)."""
         logp = self.logprobs(observation, history)

@@ -31,13 +31,24 @@ from stepcredit.diagnose.values import step_values
 from stepcredit.envs import registry as envs
 from stepcredit.envs.base import SnapshotEnv
 
-def _make_env(name: str, config: DiagnoseConfig):
+def env_options(name: str, config: DiagnoseConfig) -> dict[str, Any]:
+    """The simulator options of a diagnosis: split, difficulty and step limit."""
     options: dict[str, Any] = {"split": config.split}
     if config.difficulty is not None:
         options["difficulty"] = config.difficulty
     max_steps = config.max_steps or STEP_LIMITS.get(name)
     if max_steps is not None:
         options["max_steps"] = max_steps
+    return options
+
+
+def diagnosable_env(name: str, config: DiagnoseConfig):
+    """The simulator `name` with the diagnosis's options (`env_options`).
+
+    Raises:
+      ValueError: it has no oracle or no snapshots (TextWorld, an HTTP server).
+    """
+    options = env_options(name, config)
     env = envs.make(name, **options)
     if not isinstance(env, SnapshotEnv) or not all(
             callable(getattr(env, m, None)) for m in ("oracle_distance", "oracle_actions")):
@@ -51,7 +62,7 @@ def _make_env(name: str, config: DiagnoseConfig):
 def _play(env_name: str, policy, config: DiagnoseConfig,
           progress: bool) -> tuple[list[Episode], list[np.ndarray]]:
     """The diagnosed episodes of every seed and their values (`config.values`)."""
-    env = _make_env(env_name, config)
+    env = diagnosable_env(env_name, config)
     episodes, fitting = [], []
     total = len(config.seeds) * config.tasks * config.group_size
     try:
@@ -85,7 +96,8 @@ def _tokens(episodes: list[Episode], env_name: str, config: DiagnoseConfig,
         return word_tokens(episodes)
     from stepcredit.diagnose.prm import fit_prm  # a model and its training: only when needed
 
-    fitted = fit_prm(episodes, env_name=env_name, steps=config.prm_steps, seed=config.seeds[0])
+    fitted = fit_prm(episodes, env_name=env_name, steps=config.prm_steps, seed=config.seeds[0],
+                     env_kwargs=env_options(env_name, config))
     notes.append(f"{env_name}: {fitted.description}")
     return TokenView(fitted.step_index, fitted.prm_logp, fitted.ref_logp)
 
