@@ -154,7 +154,8 @@ def _sign_agreement(credit: np.ndarray, truth: np.ndarray, truth_se: np.ndarray,
 def _blame_localisation(credit: np.ndarray, good: np.ndarray, mask: np.ndarray,
                         failed: np.ndarray) -> Metric:
     bad = mask & ~good
-    keep = failed & (bad.sum(axis=1) == 1)
+    # A one-step trajectory's only step is trivially its lowest: nothing to localise.
+    keep = failed & (bad.sum(axis=1) == 1) & (mask.sum(axis=1) >= 2)
     n = int(keep.sum())
     if n == 0:
         return Metric(float("nan"), n)
@@ -292,8 +293,8 @@ def _failed(fn: str, failed: Any, credit: np.ndarray) -> np.ndarray:
 def blame_localisation(credit, good, mask, failed) -> Metric:
     """How often the one bad step of a failed trajectory gets its lowest credit.
 
-    Over the failed trajectories whose real steps hold exactly one bad step b,
-    the expected share in which b has the trajectory's lowest credit when ties
+    Over the failed trajectories of at least two real steps, exactly one of
+    them bad (step b), the expected share in which b has the trajectory's lowest credit when ties
     are broken uniformly at random:
 
         score_i = [c_b = min_t c_t] / #{t : c_t = min_t c_t},

@@ -58,7 +58,7 @@ def reference_blame_localisation(credit, good, mask, failed):
     for b in range(mask.shape[0]):
         steps = [t for t in range(mask.shape[1]) if mask[b, t]]
         bad = [t for t in steps if not good[b, t]]
-        if not failed[b] or len(bad) != 1:
+        if not failed[b] or len(bad) != 1 or len(steps) < 2:
             continue
         lowest = min(credit[b, t] for t in steps)
         at_lowest = [t for t in steps if credit[b, t] == lowest]
@@ -142,7 +142,7 @@ def test_blame_localisation_matches_loop(seed):
     got = blame_localisation(d["credit"], d["good"], d["mask"], d["failed"])
     expected = reference_blame_localisation(d["credit"], d["good"], d["mask"], d["failed"])
     assert _same(got.value, expected)
-    single = d["failed"] & ((d["mask"] & ~d["good"]).sum(axis=1) == 1)
+    single = d["failed"] & ((d["mask"] & ~d["good"]).sum(axis=1) == 1) & (d["mask"].sum(axis=1) >= 2)
     assert got.n == single.sum() > 0
 
 
@@ -260,6 +260,12 @@ def test_blame_localisation_hand_example_and_exclusions():
     # A step strictly lower than the bad one scores 0.
     assert blame_localisation(credit[3:], good[3:], mask[3:], np.array([T_])) == (0.0, 1)
     value, n = blame_localisation(credit, good, mask, np.zeros(4, bool))
+    assert math.isnan(value) and n == 0
+    # A failed one-step trajectory has nothing to localise.
+    value, n = blame_localisation(credit[:1], good[:1], np.array([[T_, T_, F_]]),
+                                  failed[:1])
+    assert (value, n) == (1.0, 1)
+    value, n = blame_localisation(credit[1:2], good[1:2], np.array([[T_, F_, F_]]), failed[1:2])
     assert math.isnan(value) and n == 0
 
 
