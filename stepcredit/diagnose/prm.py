@@ -23,6 +23,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
+from tqdm.auto import tqdm
 
 from stepcredit import advantages as adv
 from stepcredit.batch import StepRecord, Trajectory, collate
@@ -87,7 +88,7 @@ def fit_prm(episodes: Sequence[Episode], *, env_name: str, steps: int = 20, seed
             trajectories_per_step: int | None = TRAJECTORIES_PER_STEP, d_model: int = D_MODEL,
             num_layers: int = NUM_LAYERS, num_heads: int = NUM_HEADS,
             env_kwargs: Mapping[str, Any] | None = None,
-            rollout: RolloutConfig | None = None) -> PRMInputs:
+            rollout: RolloutConfig | None = None, progress: bool = False) -> PRMInputs:
     """Trains an implicit PRM on the episodes' trajectory preferences and scores their actions.
 
         pi_prm <- pi_ref;   `steps` times: pi_prm <- Adam step on
@@ -134,6 +135,7 @@ def fit_prm(episodes: Sequence[Episode], *, env_name: str, steps: int = 20, seed
         recover the admissible actions every prompt lists. None: the defaults.
       rollout: the prompt settings; None: `RolloutConfig()` with the prompt
         budget `stepcredit train` fits to the environment.
+      progress: show a progress bar over the optimizer steps.
 
     Returns:
       `PRMInputs`, `[B, N]` with N the most action tokens of an episode.
@@ -191,7 +193,8 @@ def fit_prm(episodes: Sequence[Episode], *, env_name: str, steps: int = 20, seed
     schedule: list[int] = []
     while len(schedule) < steps:
         schedule += order.permutation(len(batches)).tolist()
-    for k in schedule[:steps]:
+    for k in tqdm(schedule[:steps], desc=f"{env_name}: PRM steps", disable=not progress,
+                  leave=False):
         prm, opt_state, step_loss = _prm_step(prm, opt_state, batches[k], ref[k],
                                               jnp.float32(beta), temperature, tx=parts.prm_tx,
                                               **static)

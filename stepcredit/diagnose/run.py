@@ -91,13 +91,13 @@ def _padded(rows: Sequence[np.ndarray], t: int) -> np.ndarray:
 
 
 def _tokens(episodes: list[Episode], env_name: str, config: DiagnoseConfig,
-            names: Sequence[str], notes: list[str]) -> TokenView:
+            names: Sequence[str], notes: list[str], progress: bool) -> TokenView:
     if not any(adv.get(n).needs_prm for n in names):
         return word_tokens(episodes)
     from stepcredit.diagnose.prm import fit_prm  # a model and its training: only when needed
 
     fitted = fit_prm(episodes, env_name=env_name, steps=config.prm_steps, seed=config.seeds[0],
-                     env_kwargs=env_options(env_name, config))
+                     env_kwargs=env_options(env_name, config), progress=progress)
     notes.append(f"{env_name}: {fitted.description}")
     return TokenView(fitted.step_index, fitted.prm_logp, fitted.ref_logp)
 
@@ -172,7 +172,7 @@ def diagnose(config: DiagnoseConfig = DiagnoseConfig(), *, progress: bool = True
         values = _padded(values, stacked.mask.shape[1])
         seconds["sample"] += time.perf_counter() - start
         start = time.perf_counter()
-        tokens = _tokens(episodes, env_name, config, names, notes)
+        tokens = _tokens(episodes, env_name, config, names, notes, progress)
         seconds["prm"] += time.perf_counter() - start
         sampled[env_name] = (episodes, stacked, values, tokens)
         if log is not None:
