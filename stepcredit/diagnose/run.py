@@ -31,6 +31,7 @@ from stepcredit.diagnose.values import step_values
 from stepcredit.envs import registry as envs
 from stepcredit.envs.base import SnapshotEnv
 
+
 def env_options(name: str, config: DiagnoseConfig) -> dict[str, Any]:
     """The simulator options of a diagnosis: split, difficulty and step limit."""
     options: dict[str, Any] = {"split": config.split}
@@ -129,7 +130,7 @@ def pick_examples(good: np.ndarray, mask: np.ndarray, won: np.ndarray, count: in
     bad = (~good & mask).sum(1)
     single = np.flatnonzero(~won & (bad == 1) & (mask.sum(1) >= 3)).tolist()
     recovered = np.flatnonzero(won & (bad > 0)).tolist()
-    return (single[:max(1, count - count // 2)] + recovered + single)[:count]
+    return list(dict.fromkeys(single[:max(1, count - count // 2)] + recovered + single))[:count]
 
 
 def _examples(env_name: str, episodes: list[Episode], stacked: Stacked,
@@ -186,8 +187,12 @@ def diagnose(config: DiagnoseConfig = DiagnoseConfig(), *, progress: bool = True
     for env_name, (episodes, stacked, values, tokens) in sampled.items():
         start = time.perf_counter()
         credit = reference_credit(stacked, config.seeds[0])
-        credit.update(step_credit(names, stacked, values, tokens, num_steps=num_steps,
-                                  num_tokens=num_tokens))
+        for name in names:
+            try:
+                credit.update(step_credit([name], stacked, values, tokens, num_steps=num_steps,
+                                          num_tokens=num_tokens))
+            except ValueError as error:  # e.g. a user's estimator reading what no episode holds
+                notes.append(f"{env_name}: {name} not run: {error}")
         seconds["credit"] += time.perf_counter() - start
         start = time.perf_counter()
         for name in tqdm(list(credit), desc=f"{env_name}: scoring", disable=not progress,

@@ -179,3 +179,20 @@ def test_command_reports_a_bad_policy_in_one_line(capsys):
     assert main(["diagnose", "--policy", "greedy", "--output", "/nonexistent"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "--policy 'greedy'" in err[0]
+
+
+def _refuses(scores, group_ids):
+    raise ValueError("refuses these episodes")
+
+
+def test_an_estimator_that_fails_is_noted_and_the_others_graded():
+    entry = adv.register(adv.Estimator(name="refuser", fn=_refuses, reads=("scores", "group_ids"),
+                                       defaults={}, paper="none", output_level="trajectory"))
+    try:
+        diagnosis = diagnose(DiagnoseConfig(envs=("hotpotqa",), estimators=(entry.name, "grpo"),
+                                            tasks=2, group_size=2, seeds=(0,), continuations=1,
+                                            bootstrap=5), progress=False)
+    finally:
+        adv.unregister(entry.name)
+    assert "refuser" not in diagnosis.estimators and "grpo" in diagnosis.estimators
+    assert any("refuser not run: refuses these episodes" in note for note in diagnosis.notes)
