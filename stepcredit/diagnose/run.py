@@ -187,7 +187,7 @@ def diagnose(config: DiagnoseConfig = DiagnoseConfig(), *, progress: bool = True
     for env_name, (episodes, stacked, values, tokens) in sampled.items():
         start = time.perf_counter()
         credit = reference_credit(stacked, config.seeds[0])
-        for name in names:
+        for name in tqdm(names, desc=f"{env_name}: credit", disable=not progress, leave=False):
             try:
                 credit.update(step_credit([name], stacked, values, tokens, num_steps=num_steps,
                                           num_tokens=num_tokens))
