@@ -215,11 +215,14 @@ class CheckpointPolicy:
                                  f"budget; the policy can sample none of {list(actions)[:3]}")
         return logp.copy()
 
-    def distribution(self, env: Any, observation: Observation, history: Sequence[tuple[str, str]], step: int,
+    def distribution(self, env: Any, observation: Observation,
+                     history: Sequence[tuple[str, str]], step: int,
                      deviation: int) -> tuple[tuple[str, ...], np.ndarray]:
         """The admissible actions and pi_T over them (float64, summing to 1)."""
         logp = self.logprobs(observation, history)
         return tuple(observation.admissible_actions), _softmax(logp / self.temperature)
+
+    baseline = distribution
 
 
 def _replayed(env: Any, episode: Episode, index: int) -> list[Observation]:

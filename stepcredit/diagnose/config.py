@@ -31,7 +31,8 @@ class DiagnoseConfig:
       tasks: tasks per simulator and seed.
       group_size: G, episodes per task (the group of the group estimators).
       seeds: the seeds; each samples its own tasks and episodes.
-      continuations: K, Monte Carlo rollouts per action and per state.
+      continuations: K, Monte Carlo rollouts per action and per state (0:
+        no A^pi; else at least 2).
       values: the critic of step and token GAE: "zero", "table" or
         "checkpoint" (`stepcredit.diagnose.values`).
       value_checkpoint: the trained run whose value head "checkpoint" reads.
@@ -63,6 +64,11 @@ class DiagnoseConfig:
         for name in ("tasks", "group_size", "bootstrap"):
             if getattr(self, name) < 1:
                 raise ValueError(f"diagnose: {name} must be >= 1, got {getattr(self, name)}")
+        if self.continuations == 1:
+            raise ValueError("diagnose: continuations must be 0 (no A^pi) or >= 2 (one rollout "
+                             "gives no standard error)")
+        if self.max_steps is not None and self.max_steps < 1:
+            raise ValueError(f"diagnose: max_steps must be >= 1, got {self.max_steps}")
         for name in ("continuations", "prm_steps", "examples"):
             if getattr(self, name) < 0:
                 raise ValueError(f"diagnose: {name} must be >= 0, got {getattr(self, name)}")

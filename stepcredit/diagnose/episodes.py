@@ -72,44 +72,31 @@ class Episode:
 
 
 class Stacked(NamedTuple):
-    """Episodes as padded arrays: B episodes, T the longest length.
+    """The ground truth of episodes as padded arrays: B episodes, T the longest length.
 
     Attributes:
       mask: `[B, T]` bool, True on real steps.
-      rewards: `[B, T]` float32 step rewards.
-      entropy: `[B, T]` float32 behaviour-policy entropy.
-      anchors: `[B, T]` int32 dense anchor ids (equal anchors of one task share
-        an id), -1 on padding.
       group_ids: `[B]` int32 dense group ids (one per (seed, group)).
       scores: `[B]` float32 episode scores.
       won: `[B]` bool.
-      truncated: `[B]` bool.
       good: `[B, T]` bool oracle progress labels (False on padding).
-      advantage: `[B, T]` float Monte Carlo A^pi (NaN on padding).
+      advantage: `[B, T]` float Monte Carlo A^pi (NaN on padding and where not estimated).
       advantage_se: `[B, T]` its standard error (NaN on padding).
-      deviation: `[B]` int, the step told to deviate, -1 for none.
-      tasks: `[B]` int task index.
       seeds: `[B]` int diagnosis seed.
     """
 
     mask: np.ndarray
-    rewards: np.ndarray
-    entropy: np.ndarray
-    anchors: np.ndarray
     group_ids: np.ndarray
     scores: np.ndarray
     won: np.ndarray
-    truncated: np.ndarray
     good: np.ndarray
     advantage: np.ndarray
     advantage_se: np.ndarray
-    deviation: np.ndarray
-    tasks: np.ndarray
     seeds: np.ndarray
 
 
 def stack(episodes: Sequence[Episode]) -> Stacked:
-    """Pads `episodes` into `[B, T]` arrays; see `Stacked`.
+    """Pads the ground truth of `episodes` into `[B, T]` arrays; see `Stacked`.
 
     Raises:
       ValueError: `episodes` is empty, or an episode has no steps.
@@ -127,28 +114,17 @@ def stack(episodes: Sequence[Episode]) -> Stacked:
             out[i, :e.length] = getattr(e, field)
         return out
 
-    anchor_ids: dict[tuple, int] = {}
-    anchors = np.full((b, t), -1, dtype=np.int32)
-    for i, e in enumerate(episodes):
-        for j, a in enumerate(e.anchors):
-            anchors[i, j] = anchor_ids.setdefault((e.seed, e.env, e.task, a), len(anchor_ids))
-    group_keys: dict[tuple, int] = {}
+    group_keys: dict[tuple[int, int], int] = {}
     group_ids = np.array([group_keys.setdefault((e.seed, e.group), len(group_keys))
                           for e in episodes], dtype=np.int32)
     lengths = np.array([e.length for e in episodes])
     return Stacked(
         mask=np.arange(t)[None, :] < lengths[:, None],
-        rewards=padded("rewards", np.float32, 0.0),
-        entropy=padded("entropy", np.float32, 0.0),
-        anchors=anchors,
         group_ids=group_ids,
         scores=np.array([e.score for e in episodes], dtype=np.float32),
         won=np.array([e.won for e in episodes], dtype=bool),
-        truncated=np.array([e.truncated for e in episodes], dtype=bool),
         good=padded("good", bool, False),
         advantage=padded("advantage", np.float64, np.nan),
         advantage_se=padded("advantage_se", np.float64, np.nan),
-        deviation=np.array([e.deviation for e in episodes], dtype=np.int64),
-        tasks=np.array([e.task for e in episodes], dtype=np.int64),
         seeds=np.array([e.seed for e in episodes], dtype=np.int64),
     )

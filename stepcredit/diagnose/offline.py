@@ -7,8 +7,9 @@ that can run offline computes its credit through `stepcredit credit`'s own
 path (`stepcredit.data.offline.compute_credit`, whitening included); token
 credit is averaged over each row's response tokens. The metrics
 (`stepcredit.diagnose.metrics`) then take the labels as the truth: `good` is
-label > 0, and the label's value stands in for A^pi (Spearman, and sign
-agreement on the rows whose label is not 0). A trajectory failed when its
+label > 0, and the label's value stands in for A^pi in Spearman's rank
+correlation and in sign agreement (positive for a good step, negative for a
+bad one). A trajectory failed when its
 score (the `score` column, else the sum of its rewards) is below
 `success_threshold`. Intervals resample whole groups (`group_id`).
 """
@@ -71,25 +72,25 @@ def _row_credit(table: dict[str, list]) -> np.ndarray:
 
 
 def _stacked(table: dict[str, list], labels: np.ndarray, success_threshold: float) -> Stacked:
+    """The log's trajectories as `[B, T]` truth: `good` is label > 0, and the
+    label stands in for A^pi, shifted by -1 where it is <= 0 so that a bad
+    step's sign is negative (ranks, hence Spearman, are unchanged)."""
     rows, steps, group_ids = _layout(table)
     b, t = rows.max() + 1, steps.max() + 1
     mask = np.zeros((b, t), bool)
     mask[rows, steps] = True
     label = np.full((b, t), np.nan)
-    label[rows, steps] = labels
-    rewards = np.zeros((b, t), np.float32)
+    label[rows, steps] = np.where(labels > 0, labels, labels - 1.0)
+    rewards = np.zeros((b, t))
     rewards[rows, steps] = table["reward"]
     scores = rewards.sum(1)
     if "score" in table:
         logged = np.asarray([np.nan if s is None else s for s in table["score"]], dtype=np.float64)
         known = np.isfinite(logged)
         scores[rows[known]] = logged[known]
-    return Stacked(mask=mask, rewards=rewards, entropy=np.zeros((b, t), np.float32),
-                   anchors=np.full((b, t), -1, np.int32), group_ids=group_ids,
-                   scores=scores.astype(np.float32), won=scores >= success_threshold,
-                   truncated=np.zeros(b, bool), good=mask & (np.nan_to_num(label) > 0),
+    return Stacked(mask=mask, group_ids=group_ids, scores=scores.astype(np.float32),
+                   won=scores >= success_threshold, good=mask & (np.nan_to_num(label) > 0),
                    advantage=label, advantage_se=np.where(mask, 0.0, np.nan),
-                   deviation=np.full(b, -1), tasks=group_ids.astype(np.int64),
                    seeds=np.zeros(b, np.int64))
 
 

@@ -1,6 +1,7 @@
 """Behaviour policies of known skill, for grading credit against ground truth.
 
-A policy gives, at each step, a distribution over the admissible actions; the
+A policy gives, at each step, a distribution over the admissible actions (and
+a baseline distribution, whose value the advantage subtracts); the
 diagnosis samples from it, records its entropy (so entropy-based estimators
 such as EMPG see real inputs) and replays it from snapshots for Monte Carlo
 ground truth. All of them lean on the simulator's oracle
@@ -13,7 +14,8 @@ searches, so that every step of the expert here makes progress).
   - `EpsilonExpert(1.0)`: the uniform policy.
   - `SingleDeviation(step)`: the expert, except at one step (given, or uniform
     over the first d(s_0) steps of the episode) where it takes a uniformly
-    chosen wrong action: one that does not bring the goal closer.
+    chosen wrong action: one that does not bring the goal closer. Its A^pi
+    is measured against the expert's action (`SingleDeviation.baseline`).
 
 A trained run is a fourth (`stepcredit.diagnose.checkpoint.CheckpointPolicy`).
 `parse_policy("eps=0.3" | "uniform" | "deviation" | "deviation@2" |
@@ -50,6 +52,11 @@ class Policy(Protocol):
     def distribution(self, env: Any, observation: Observation, history: History, step: int,
                      deviation: int) -> tuple[tuple[str, ...], np.ndarray]:
         """The actions and their probabilities (float64, summing to 1) at `step`."""
+
+    def baseline(self, env: Any, observation: Observation, history: History, step: int,
+                 deviation: int) -> tuple[tuple[str, ...], np.ndarray]:
+        """The distribution whose value V(s_t) A^pi subtracts: `distribution`,
+        except where a policy's own choice would make the advantage meaningless."""
 
 
 def entropy(probs: np.ndarray) -> float:
@@ -91,6 +98,8 @@ class EpsilonExpert:
         probs[actions.index(expert)] += 1.0 - self.eps
         return actions, probs
 
+    baseline = distribution
+
 
 def wrong_actions(env: Any, actions: Sequence[str]) -> tuple[str, ...]:
     """The actions that do not bring the goal closer: those after which the
@@ -128,7 +137,7 @@ class SingleDeviation:
     def deviation(self, env: Any, rng: np.random.Generator) -> int:
         if self.step is not None:
             return self.step
-        return int(rng.integers(env.oracle_distance()))
+        return int(rng.integers(min(env.oracle_distance(), env.max_steps)))
 
     def distribution(self, env, observation, history, step, deviation):
         actions, expert = _choices(env, observation)
@@ -137,6 +146,12 @@ class SingleDeviation:
             if wrong:
                 return wrong, np.full(len(wrong), 1.0 / len(wrong))
         return (expert,), np.ones(1)
+
+    def baseline(self, env, observation, history, step, deviation):
+        """The expert's action everywhere: at the deviating step the policy takes
+        only wrong actions, so against its own value a mistake would score 0 on
+        average; against the expert's, A^pi is the mistake's cost."""
+        return (_choices(env, observation)[1],), np.ones(1)
 
 
 def parse_policy(text: str, *, load: bool = True) -> Policy | None:

@@ -27,7 +27,7 @@ from tqdm.auto import tqdm
 
 from stepcredit import advantages as adv
 from stepcredit.batch import StepRecord, Trajectory, collate
-from stepcredit.diagnose.episodes import Episode
+from stepcredit.diagnose.episodes import Episode, stack
 from stepcredit.envs import registry as env_registry
 from stepcredit.envs.base import Observation
 from stepcredit.models.transformer import count_params
@@ -172,9 +172,7 @@ def fit_prm(episodes: Sequence[Episode], *, env_name: str, steps: int = 20, seed
     rollout = parts.config.rollout
     admissible = _admissible_actions(episodes, env_name, env_kwargs, rollout)
     trajectories, overlong = _trajectories(episodes, admissible, parts.tokenizer, rollout)
-    keys = [(e.seed, e.group) for e in episodes]
-    group_ids = np.array([{k: i for i, k in enumerate(dict.fromkeys(keys))}[k] for k in keys],
-                         np.int32)
+    group_ids = stack(episodes).group_ids
     success = np.array([e.score > 0 for e in episodes])
     _, view, _ = collate(trajectories, with_observations=False)
     step_index = view.step_index
@@ -213,7 +211,7 @@ def fit_prm(episodes: Sequence[Episode], *, env_name: str, steps: int = 20, seed
         f"{learning_rate:g} on {len(batches)} minibatch(es) of whole groups, beta {beta:g}, "
         f"on {len(episodes)} trajectories ({rows} step rows, prompts <= "
         f"{rollout.max_prompt_tokens} tokens{f', {overlong} over budget' if overlong else ''}); "
-        f"preference loss {np.log(2):.3f} -> {float(final):.3f} over "
+        f"success: score > 0; preference loss {np.log(2):.3f} -> {float(final):.3f} over "
         f"{int(metrics['num_pairs'])} pairs (accuracy {float(metrics['accuracy']):.2f}); "
         f"{seconds:.1f} s")
     return PRMInputs(step_index.astype(np.int32), prm_logp, ref_logp, seconds, description,

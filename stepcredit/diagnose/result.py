@@ -72,7 +72,8 @@ class Diagnosis:
       settings: the settings it ran with (JSON-serialisable).
       scores: every (env, estimator, metric) score.
       examples: a few trajectories per simulator.
-      seconds: wall-clock seconds by phase ("sample", "truth", "credit", ...).
+      seconds: wall-clock seconds by phase: "sample" (episodes, Monte Carlo
+        A^pi and values), "prm" (the implicit PRM), "credit" and "score".
       notes: one line per caveat a reader of the table needs (value source,
         PRM training cost, estimators that could not run and why).
     """

@@ -22,8 +22,8 @@ from stepcredit import advantages as adv
 from stepcredit.diagnose import metrics
 from stepcredit.diagnose.config import STEP_LIMITS, DiagnoseConfig
 from stepcredit.diagnose.episodes import Episode, Stacked, stack
-from stepcredit.diagnose.estimates import (REFERENCES, TokenView, bucket, reference_credit,
-                                           step_credit, word_tokens)
+from stepcredit.diagnose.estimates import (REFERENCES, TokenView, bucket, prm_tokens,
+                                           reference_credit, step_credit, word_tokens)
 from stepcredit.diagnose.policies import parse_policy
 from stepcredit.diagnose.result import METRICS, Diagnosis, Example, Score
 from stepcredit.diagnose.sample import sample_episodes, sample_tasks
@@ -37,7 +37,7 @@ def env_options(name: str, config: DiagnoseConfig) -> dict[str, Any]:
     options: dict[str, Any] = {"split": config.split}
     if config.difficulty is not None:
         options["difficulty"] = config.difficulty
-    max_steps = config.max_steps or STEP_LIMITS.get(name)
+    max_steps = STEP_LIMITS.get(name) if config.max_steps is None else config.max_steps
     if max_steps is not None:
         options["max_steps"] = max_steps
     return options
@@ -84,13 +84,6 @@ def _play(env_name: str, policy, config: DiagnoseConfig,
     return episodes, values
 
 
-def _padded(rows: Sequence[np.ndarray], t: int) -> np.ndarray:
-    out = np.zeros((len(rows), t))
-    for i, r in enumerate(rows):
-        out[i, :len(r)] = r
-    return out
-
-
 def _tokens(episodes: list[Episode], env_name: str, config: DiagnoseConfig,
             names: Sequence[str], notes: list[str], progress: bool) -> TokenView:
     if not any(adv.get(n).needs_prm for n in names):
@@ -100,7 +93,15 @@ def _tokens(episodes: list[Episode], env_name: str, config: DiagnoseConfig,
     fitted = fit_prm(episodes, env_name=env_name, steps=config.prm_steps, seed=config.seeds[0],
                      env_kwargs=env_options(env_name, config), progress=progress)
     notes.append(f"{env_name}: {fitted.description}")
-    return TokenView(fitted.step_index, fitted.prm_logp, fitted.ref_logp)
+    return prm_tokens(fitted.step_index, fitted.prm_logp, fitted.ref_logp, episodes)
+
+
+def _truth_note(label: str, continuations: int) -> str:
+    if continuations == 0:
+        return (f"behaviour policy {label}; no Monte Carlo A^pi (K=0): the mc_advantage row, "
+                "Spearman and sign agreement are left out")
+    return (f"behaviour policy {label}; A^pi from K={continuations} paired Monte Carlo rollouts "
+            "per action and per state (common random numbers)")
 
 
 def grade(env_name: str, name: str, credit: np.ndarray, stacked: Stacked, *,
@@ -158,8 +159,7 @@ def diagnose(config: DiagnoseConfig = DiagnoseConfig(), *, progress: bool = True
     policy = parse_policy(config.policy)
     names = config.estimator_names
     seconds = {"sample": 0.0, "prm": 0.0, "credit": 0.0, "score": 0.0}
-    notes = [f"behaviour policy {policy.label}; A^pi from K={config.continuations} Monte Carlo "
-             "rollouts per action and per state",
+    notes = [_truth_note(policy.label, config.continuations),
              "values for step and token GAE: " + {
                  "zero": "V = 0",
                  "table": "per-anchor Monte Carlo table fitted on a separate batch of the same "
@@ -170,7 +170,6 @@ def diagnose(config: DiagnoseConfig = DiagnoseConfig(), *, progress: bool = True
         start = time.perf_counter()
         episodes, values = _play(env_name, policy, config, progress)
         stacked = stack(episodes)
-        values = _padded(values, stacked.mask.shape[1])
         seconds["sample"] += time.perf_counter() - start
         start = time.perf_counter()
         tokens = _tokens(episodes, env_name, config, names, notes, progress)
@@ -181,18 +180,17 @@ def diagnose(config: DiagnoseConfig = DiagnoseConfig(), *, progress: bool = True
                 f"{stacked.won.mean():.0%} won")
     # One padded shape for every simulator, so each estimator compiles once.
     num_steps = bucket(max(s.mask.shape[1] for _, s, _, _ in sampled.values()))
-    num_tokens = bucket(max(t.step_index.shape[1] for *_, t in sampled.values()))
+    num_tokens = bucket(max(t.num_tokens for *_, t in sampled.values()))
     scores: list[Score] = []
     examples: list[Example] = []
     for env_name, (episodes, stacked, values, tokens) in sampled.items():
         start = time.perf_counter()
         credit = reference_credit(stacked, config.seeds[0])
-        for name in tqdm(names, desc=f"{env_name}: credit", disable=not progress, leave=False):
-            try:
-                credit.update(step_credit([name], stacked, values, tokens, num_steps=num_steps,
-                                          num_tokens=num_tokens))
-            except ValueError as error:  # e.g. a user's estimator reading what no episode holds
-                notes.append(f"{env_name}: {name} not run: {error}")
+        estimated, failures = step_credit(
+            tqdm(names, desc=f"{env_name}: credit", disable=not progress, leave=False),
+            episodes, stacked, values, tokens, num_steps=num_steps, num_tokens=num_tokens)
+        credit.update(estimated)
+        notes += [f"{env_name}: {name} not run: {error}" for name, error in failures.items()]
         seconds["credit"] += time.perf_counter() - start
         start = time.perf_counter()
         for name in tqdm(list(credit), desc=f"{env_name}: scoring", disable=not progress,

@@ -6,7 +6,8 @@ behaviour policy's advantage from snapshots of the simulator:
 
     Q^(s_t, a_t) = mean_k G_k(s_t, a_t),   G_k: return of rollout k that takes
                    a_t and then follows pi to the episode's end,
-    V^(s_t)      = mean_k G_k(s_t, a'_k),   a'_k ~ pi(. | s_t),
+    V^(s_t)      = mean_k G_k(s_t, a'_k),   a'_k ~ the policy's baseline at s_t
+                   (pi itself; the expert at a single-deviation policy's mistake),
     A^pi(s_t, a_t) ~ Q^ - V^,   se = std_k(G_k(s_t, a_t) - G_k(s_t, a'_k)) / sqrt(K),
 
 with undiscounted returns (gamma = 1) and the episode's own step limit (the
@@ -67,7 +68,7 @@ def monte_carlo_advantage(env: Any, policy: Policy, observation: Observation, hi
     snapshot, step = env.snapshot(), env.steps_taken
     streams = rng.integers(2**63, size=continuations)
     differences = np.empty(continuations)
-    actions, probs = policy.distribution(env, observation, history, step, deviation)
+    actions, probs = policy.baseline(env, observation, history, step, deviation)
     for k in range(continuations):
         q = _return_after(env, policy, observation, history, deviation, action,
                           np.random.default_rng(streams[k]))

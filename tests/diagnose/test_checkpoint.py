@@ -174,7 +174,7 @@ def test_diagnose_grades_credit_under_a_trained_policy_and_its_value_head(logdir
     diagnosis = diagnose(DiagnoseConfig(
         envs=("alfworld",), policy=f"checkpoint={logdir}", values="checkpoint",
         value_checkpoint=str(logdir), estimators=("grpo", "step_gae"), tasks=2, group_size=2,
-        seeds=(0,), continuations=1, max_steps=4, bootstrap=5), progress=False)
+        seeds=(0,), continuations=2, max_steps=4, bootstrap=5), progress=False)
     assert diagnosis.score("alfworld", "step_gae", "auc").n > 0
     assert any(str(logdir) in note for note in diagnosis.notes)
     with pytest.raises(ValueError, match="needs value_checkpoint"):

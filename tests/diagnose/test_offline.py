@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 from stepcredit.cli import main
+from stepcredit.diagnose import metrics
 from stepcredit.diagnose.episodes import stack
 from stepcredit.diagnose.estimates import step_credit, word_tokens
 from stepcredit.diagnose.offline import diagnose_log
@@ -43,13 +44,24 @@ def test_logged_labels_grade_like_the_simulator(episodes, tmp_path):
     assert set(diagnosis.estimators) == {"grpo", "gigpo"}
     assert any(note.startswith("step_gae: not run") for note in diagnosis.notes)
     stacked = stack(episodes)
-    direct = step_credit(["grpo"], stacked, np.zeros(stacked.mask.shape), word_tokens(episodes))
+    direct, _ = step_credit(["grpo"], episodes, stacked, [np.zeros(e.length) for e in episodes],
+                            word_tokens(episodes))
     expected = {s.metric: s for s in grade("x", "grpo", direct["grpo"], stacked, seeds=(0,),
                                            bootstrap=20)}
     for metric in ("auc", "blame_localisation", "collateral_blame"):
         got = diagnosis.score("steps.jsonl", "grpo", metric)
         assert got.n == expected[metric].n
         np.testing.assert_allclose(got.estimate, expected[metric].estimate, atol=1e-9)
+    # The labels are the truth of Spearman and of sign agreement: bad steps count as negative.
+    real = stacked.mask
+    labels = np.where(stacked.good, 1.0, -1.0)
+    np.testing.assert_allclose(
+        diagnosis.score("steps.jsonl", "grpo", "spearman").estimate,
+        metrics.spearman(direct["grpo"], np.where(real, labels, np.nan), real).value, atol=1e-9)
+    agreement = diagnosis.score("steps.jsonl", "grpo", "sign_agreement")
+    assert agreement.n == real.sum()
+    expected_agreement = (np.sign(direct["grpo"][real]) == labels[real]).mean()
+    np.testing.assert_allclose(agreement.estimate, expected_agreement, atol=1e-9)
 
 
 def test_a_missing_or_bad_label_is_one_clear_line(episodes, tmp_path):

@@ -58,7 +58,7 @@ def diagnosis():
         settings={"envs": list(ENVS), "seeds": 3, "group_size": 8, "policy": "epsilon-oracle"},
         scores=scores,
         examples=(_example("webshop", 3, False, 6, 0), _example("alfworld", 1, True, 9, 1)),
-        seconds={"sample": 12.5, "truth": 30.25, "credit": 4.0},
+        seconds={"sample": 12.5, "prm": 30.25, "credit": 4.0},
         notes=("values from a tabular critic", "prm: could not run (no model)"))
 
 
@@ -80,7 +80,7 @@ def test_markdown_tables(diagnosis):
     assert webshop[-1] == ["*n*", "1200–1201", "1200–1201", "1200–1201", "40", "1200–1201"]
     assert "epsilon-oracle" in text.split("\n\n")[1] and "seeds=3" in text
     assert "- prm: could not run (no model)" in text
-    assert "truth 30.2 s" in text and "total 46.8 s" in text
+    assert "prm 30.2 s" in text and "total 46.8 s" in text
     assert "lower is better" in text and "Spearman" in text
 
 
