@@ -13,6 +13,7 @@ from stepcredit.advantages.gae import (
     step_gae,
     token_gae,
 )
+from stepcredit.advantages.ecpo import ecpo
 from stepcredit.advantages.empg import empg, grpo_empg
 from stepcredit.advantages.gigpo import gigpo
 from stepcredit.advantages.group import (
@@ -26,6 +27,8 @@ from stepcredit.advantages.group import (
     rloo,
 )
 from stepcredit.advantages.istar import implicit_step_rewards, istar, trajectory_preference_loss
+from stepcredit.advantages.maxrl import maxrl
+from stepcredit.advantages.mt_grpo import mt_grpo
 from stepcredit.advantages.normalize import masked_mean, masked_whiten
 from stepcredit.advantages.process import (
     add_process_advantage,
@@ -45,6 +48,7 @@ from stepcredit.advantages.registry import (
     register,
     unregister,
 )
+from stepcredit.advantages.turn_returns import gtpo, kevin
 from stepcredit.advantages.tokens import (
     broadcast_to_tokens,
     first_token_positions,
@@ -64,19 +68,24 @@ __all__ = [
     "broadcast_to_tokens",
     "dense_group_ids",
     "discounted_returns",
+    "ecpo",
     "empg",
     "first_token_positions",
     "get",
     "gigpo",
+    "gtpo",
     "group_stats",
     "grpo",
     "grpo_empg",
     "implicit_step_rewards",
     "istar",
+    "kevin",
     "lambda_returns",
     "masked_mean",
     "masked_whiten",
+    "maxrl",
     "merge_process_rewards",
+    "mt_grpo",
     "names",
     "prime_advantages",
     "prime_token_rewards",

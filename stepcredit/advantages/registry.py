@@ -19,11 +19,15 @@ from typing import Any, Callable, Literal, Mapping, NamedTuple, Sequence
 import jax.numpy as jnp
 
 from stepcredit.advantages import gae, group
+from stepcredit.advantages.ecpo import ecpo
 from stepcredit.advantages.empg import empg, grpo_empg
 from stepcredit.advantages.gigpo import gigpo
 from stepcredit.advantages.inputs import CreditInputs, input_field, missing_fields, raw_fields
 from stepcredit.advantages.istar import istar
+from stepcredit.advantages.maxrl import maxrl
+from stepcredit.advantages.mt_grpo import mt_grpo
 from stepcredit.advantages.process import prime_advantages
+from stepcredit.advantages.turn_returns import gtpo, kevin
 
 Level = Literal["trajectory", "step", "token"]
 Whiten = Literal["none", "steps", "tokens"]
@@ -295,6 +299,13 @@ _ISTAR_DEFAULTS = {"alpha": 1.0, "episode": "rloo", "step_baseline": "all_steps"
 # trainer, its preference loss: one number for both.
 _PRM_INPUTS = {"beta": 0.05, "normalize": None}
 _GROUPS = {"num_groups": None}
+_MT_GRPO = ("Reinforcing Multi-Turn Reasoning in LLM Agents via Turn-Level Credit Assignment "
+            "(MT-GRPO), arXiv 2505.11821; A^T + lam A^O at every turn before the last, A^O at "
+            "the last (the paper's two-turn rule, generalised); lam 1 is the authors' "
+            "turn_advantage_coef default; unbiased std and eps 1e-6 as GRPO's")
+_MT_GRPO_READS = {"step_rewards": "step_rewards", "scores": "scores", "group_ids": "group_ids",
+                  "mask": "mask"}
+_MT_GRPO_DEFAULTS = {"lam": 1.0, "final_turn": "outcome", "std": "unbiased", "eps": 1e-6}
 _METHOD = {"method": "sequential"}
 
 _TOKEN_GAE_READS = {"rewards": "token_rewards", "values": "token_values", "mask": "action_mask",
@@ -366,6 +377,60 @@ for _entry in (
               "default mean_norm is std='none')",
               output_level="step", input_level="step", input_defaults=_PRM_INPUTS,
               options=_GROUPS),
+    # Turn-PPO's credit is step GAE (`gae.step_gae`) with a turn-level critic: a turn is a step.
+    Estimator("turn_ppo", gae.step_gae, _STEP_GAE_READS, {"gamma": 0.99, "lam": 0.9},
+              "Turn-PPO: Turn-Level Advantage Estimation with PPO for Improved Multi-Turn RL in "
+              "Agentic LLMs, arXiv 2512.17008; its turn-level GAE over a turn-level critic is "
+              "step GAE (step_gae), one reward, one V(s_h) and one advantage per turn; gamma 0.99 "
+              "and lam 0.9 are the values its GAE ablation recommends (as reported by summaries of "
+              "the paper; its equations were not read here); whitened over valid turns like "
+              "step_gae; its turn-level clipping is a loss matter (step_ppo_loss)",
+              output_level="step", whiten="steps", optional={"bootstrap_value"}, options=_METHOD),
+    # ECPO: GiGPO with each anchor group's step term shrunk by its evidence n / (n + kappa).
+    Estimator("ecpo", ecpo, {"step_rewards": "step_rewards", "anchors": "anchors",
+                             "group_ids": "group_ids", "mask": "mask"},
+              {"gamma": 0.95, "omega": 1.0, "kappa": 1.0, "std": "unbiased", "eps": 1e-6,
+               "singleton": "zero"},
+              "When Denser Credit Is Not Enough: Evidence-Calibrated Policy Optimization (ECPO), "
+              "arXiv 2606.05885; gamma, omega, std and eps are GiGPO's (arXiv 2505.10978, its "
+              "ALFWorld script); the evidence weight n / (n + kappa) and kappa 1 are this "
+              "library's reading of the paper's shrinkage (its equations were not read here)",
+              output_level="step", options={**_GROUPS, **_METHOD}),
+    # Discounted per-turn returns compared within the group (GTPO: same turn index, mean/std;
+    # Kevin: all turns of the group, mean only).
+    Estimator("gtpo", gtpo, {"step_rewards": "step_rewards", "group_ids": "group_ids",
+                             "mask": "mask"},
+              {"gamma": 0.9, "baseline": "same_turn", "std": "unbiased", "eps": 1e-6,
+               "singleton": "zero"},
+              "Empowering Multi-Turn Tool-Integrated Reasoning with Group Turn Policy "
+              "Optimization (GTPO), arXiv 2511.14846; normalised discounted turn returns "
+              "from the abstract; gamma 0.9, the same-turn comparison set and the unbiased "
+              "std are this library's reading, unchecked against the paper's equations",
+              output_level="step", options={**_GROUPS, **_METHOD}),
+    Estimator("kevin", kevin, {"step_rewards": "step_rewards", "group_ids": "group_ids",
+                               "mask": "mask"},
+              {"gamma": 0.4, "baseline": "all_turns", "std": "none", "eps": 1e-8,
+               "singleton": "zero"},
+              "Kevin: Multi-Turn RL for Generating CUDA Kernels, arXiv 2507.11948; gamma 0.4 "
+              "and the discounted sum from its reward-formulation ablation; the mean over all "
+              "turns of the group without std as stated (verifiers pull request 536 divides "
+              "by the population std: std='biased', eps 1e-8)",
+              output_level="step", options={**_GROUPS, **_METHOD}),
+    # MT-GRPO: group-normalised turn rewards at the turns that earn them, plus the outcome's.
+    Estimator("mt_grpo", mt_grpo, _MT_GRPO_READS,
+              {**_MT_GRPO_DEFAULTS, "turn_baseline": "per_turn"},
+              _MT_GRPO + "; A^T normalised per turn index over the trajectories that reach it "
+              "(the paper's)", output_level="step", options=_GROUPS),
+    Estimator("mt_grpo_pooled", mt_grpo, _MT_GRPO_READS,
+              {**_MT_GRPO_DEFAULTS, "turn_baseline": "pooled"},
+              _MT_GRPO + "; A^T normalised over all credited turns of the group, whose baseline "
+              "does not depend on when a trajectory stops (verl issue 7244)",
+              output_level="step", options=_GROUPS),
+    Estimator("maxrl", maxrl, _SCORES, {"eps": 0.0, "divide_by_group_size": False},
+              "Maximum Likelihood Reinforcement Learning (MaxRL), arXiv 2602.02710; "
+              "(s - mean) / mean, 0 when the mean is 0, as in the paper (the authors' "
+              "p_normalization adds eps 1e-6 and divides by the group size)",
+              output_level="trajectory", options=_GROUPS),
     Estimator("prime", prime_advantages,
               {"token_rewards": "prime_token_rewards", "outcome_scores": "scores",
                "action_mask": "action_mask", "group_ids": "group_ids"},

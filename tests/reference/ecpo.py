@@ -1,0 +1,42 @@
+"""NumPy loop reference for ECPO (arXiv 2606.05885): GiGPO with step terms shrunk by n / (n + kappa)."""
+
+import numpy as np
+
+from tests.reference.group import group_normalize
+
+
+def ecpo(step_rewards, anchors, group_ids, mask, gamma=0.95, omega=1.0, kappa=1.0,
+         std="unbiased", episode_scores=None, eps=1e-6, singleton="zero"):
+    """Episode advantage plus omega * n_S / (n_S + kappa) * the anchor-group step advantage."""
+    step_rewards = np.asarray(step_rewards, np.float64)
+    mask = np.asarray(mask, bool)
+    batch, steps = step_rewards.shape
+    has_steps = mask.any(axis=1)
+    if episode_scores is None:
+        episode_scores = [sum(step_rewards[b, t] for t in range(steps) if mask[b, t])
+                          for b in range(batch)]
+    episode_scores = np.where(has_steps, np.asarray(episode_scores, np.float64), 0.0)
+    episode = group_normalize(episode_scores, group_ids, has_steps, std, eps, singleton)
+
+    returns = np.zeros((batch, steps))
+    for b in range(batch):
+        running = 0.0
+        for t in reversed(range(steps)):
+            if mask[b, t]:
+                running = step_rewards[b, t] + gamma * running
+                returns[b, t] = running
+
+    step_groups = {}
+    for b in range(batch):
+        for t in range(steps):
+            if mask[b, t]:
+                step_groups.setdefault((int(group_ids[b]), int(anchors[b, t])), []).append((b, t))
+    out = np.zeros((batch, steps))
+    for members in step_groups.values():
+        n = len(members)
+        weight = n / (n + kappa) if n + kappa > 0 else 0.0
+        values = [returns[b, t] for b, t in members]
+        normalized = group_normalize(values, [0] * n, None, std, eps, "zero")
+        for (b, t), value in zip(members, normalized):
+            out[b, t] = episode[b] + omega * weight * value
+    return out
