@@ -29,6 +29,7 @@ from stepcredit.advantages.group import (
 from stepcredit.advantages.istar import implicit_step_rewards, istar, trajectory_preference_loss
 from stepcredit.advantages.maxrl import maxrl
 from stepcredit.advantages.mt_grpo import mt_grpo
+from stepcredit.advantages.optimal_baseline import optimal_token_baseline
 from stepcredit.advantages.normalize import masked_mean, masked_whiten
 from stepcredit.advantages.process import (
     add_process_advantage,
@@ -87,6 +88,7 @@ __all__ = [
     "merge_process_rewards",
     "mt_grpo",
     "names",
+    "optimal_token_baseline",
     "prime_advantages",
     "prime_token_rewards",
     "Recipe",

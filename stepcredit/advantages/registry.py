@@ -26,6 +26,7 @@ from stepcredit.advantages.inputs import CreditInputs, input_field, missing_fiel
 from stepcredit.advantages.istar import istar
 from stepcredit.advantages.maxrl import maxrl
 from stepcredit.advantages.mt_grpo import mt_grpo
+from stepcredit.advantages.optimal_baseline import optimal_token_baseline
 from stepcredit.advantages.process import prime_advantages
 from stepcredit.advantages.turn_returns import gtpo, kevin
 
@@ -431,6 +432,19 @@ for _entry in (
               "(s - mean) / mean, 0 when the mean is 0, as in the paper (the authors' "
               "p_normalization adds eps 1e-6 and divides by the group size)",
               output_level="trajectory", options=_GROUPS),
+    # verl's optimal token baseline: the return minus a score-norm-weighted group mean per token.
+    Estimator("optimal_token_baseline", optimal_token_baseline,
+              {"scores": "scores", "group_ids": "group_ids", "action_mask": "action_mask",
+               "ref_logp": "ref_logp"},
+              {"eps": 1e-8, "align": "position", "handle_zero_tail": False, "singleton": "raw"},
+              "verl 0.9 optimal_token_baseline (core_algos.py "
+              "compute_optimal_token_baseline_advantage; variance-minimising baseline of "
+              "Weaver and Tao, arXiv 1301.2315): eps 1e-8, column alignment, no zero tail and a "
+              "singleton keeping its return, all verl's defaults; sum pi^2 is estimated by the "
+              "sampled token's pi (CreditInputs holds no full-vocabulary probabilities), w = 1 "
+              "without ref_logp; align='action' with handle_zero_tail=True is verl's "
+              "tir_optimal_token_baseline",
+              output_level="token", optional={"ref_logp"}, options=_GROUPS),
     Estimator("prime", prime_advantages,
               {"token_rewards": "prime_token_rewards", "outcome_scores": "scores",
                "action_mask": "action_mask", "group_ids": "group_ids"},
