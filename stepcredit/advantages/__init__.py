@@ -16,6 +16,7 @@ from stepcredit.advantages.gae import (
 from stepcredit.advantages.ecpo import ecpo
 from stepcredit.advantages.empg import empg, grpo_empg
 from stepcredit.advantages.gigpo import gigpo
+from stepcredit.advantages.hgpo import hgpo
 from stepcredit.advantages.group import (
     DenseGroupIds,
     GroupStats,
@@ -76,6 +77,7 @@ __all__ = [
     "gigpo",
     "gtpo",
     "group_stats",
+    "hgpo",
     "grpo",
     "grpo_empg",
     "implicit_step_rewards",

@@ -22,6 +22,7 @@ from stepcredit.advantages import gae, group
 from stepcredit.advantages.ecpo import ecpo
 from stepcredit.advantages.empg import empg, grpo_empg
 from stepcredit.advantages.gigpo import gigpo
+from stepcredit.advantages.hgpo import hgpo
 from stepcredit.advantages.inputs import CreditInputs, input_field, missing_fields, raw_fields
 from stepcredit.advantages.istar import istar
 from stepcredit.advantages.maxrl import maxrl
@@ -445,6 +446,17 @@ for _entry in (
               "without ref_logp; align='action' with handle_zero_tail=True is verl's "
               "tir_optimal_token_baseline",
               output_level="token", optional={"ref_logp"}, options=_GROUPS),
+    # HGPO: GiGPO's step groups nested by shared history, their advantages mixed by depth.
+    Estimator("hgpo", hgpo, {"step_rewards": "step_rewards", "anchors": "anchors",
+                             "group_ids": "group_ids", "mask": "mask"},
+              {"gamma": 0.95, "omega": 1.0, "max_depth": 3, "min_depth": 1, "alpha": 1.0,
+               "std": "unbiased", "eps": 1e-6, "singleton": "zero"},
+              "Hierarchy-of-Groups Policy Optimization (HGPO), arXiv 2602.22817; gamma 0.95, "
+              "omega 1, std 'unbiased' and eps 1e-6 from GiGPO's ALFWorld script (arXiv "
+              "2505.10978), which HGPO builds on; the depth weights (d - min_depth + 1)^alpha "
+              "over non-singleton groups, max_depth 3 and alpha 1 are as stated, not checked "
+              "against the paper's formula or code",
+              output_level="step", options={**_GROUPS, **_METHOD}),
     Estimator("prime", prime_advantages,
               {"token_rewards": "prime_token_rewards", "outcome_scores": "scores",
                "action_mask": "action_mask", "group_ids": "group_ids"},
