@@ -56,7 +56,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from stepcredit.advantages.inputs import CreditInputs
+from stepcredit.advantages.inputs import CreditInputs, raw_fields
 from stepcredit.data import schema
 from stepcredit.data.checks import FLOAT32_MAX, RecordError, canonical_records
 from stepcredit.data.read import BATCH_ROWS, is_jsonl, read_arrow, read_jsonl, source_rows
@@ -97,7 +97,9 @@ def _plan(name: str, overrides: Mapping[str, Any], whiten: str | None) -> _Plan:
     from stepcredit.advantages import registry
 
     entry = registry.get(name)
-    unavailable = sorted(entry.fields - _OFFLINE_FIELDS)
+    # Fields of optional arguments may be absent (the estimator then does without them).
+    optional = {raw for argument in entry.optional for raw in raw_fields(entry.reads[argument])}
+    unavailable = sorted(entry.fields - _OFFLINE_FIELDS - optional)
     if unavailable:
         raise ValueError(f"estimator {name!r} reads {', '.join(unavailable)}, which step rows do "
                          "not hold" + ("; an implicit PRM's log-probs exist only in the trainer"
@@ -160,7 +162,7 @@ def _inputs(plan: _Plan, batch: LogBatch, views: _Views) -> tuple[CreditInputs, 
     b_pad = _bucket(num)
     t_pad = _bucket(int(views.row_step.max()) + 1)
     totals = np.bincount(views.row_traj, weights=views.lengths, minlength=num).astype(np.int64)
-    fields = plan.entry.fields
+    fields = plan.entry.fields & _OFFLINE_FIELDS  # an optional field logs cannot hold stays None
     n_pad = _bucket(int(totals.max())) if fields & _TOKEN_FIELDS or plan.token_output else 0
     name = plan.entry.name
     rows = (views.row_traj, views.row_step)

@@ -195,3 +195,16 @@ def test_cli_and_errors(log, tmp_path, capsys):
             target.write(json.dumps(row) + "\n")
     with pytest.raises(RecordError, match="row 0, field 'value'"):
         compute_credit(no_values, output, "step_gae", progress=False)
+
+
+def test_an_optional_input_that_logs_lack_is_left_out(log, tmp_path):
+    """verl's optimal token baseline reads the sampling log-probs when given (ref_logp, not a
+    step-row field) and weighs every token equally without them: it runs offline."""
+    trajectories, path = log
+    out = str(tmp_path / "otb.jsonl")
+    compute_credit(path, out, "optimal_token_baseline", progress=False)
+    rows = _rows(out)
+    assert len(rows) == sum(len(t.steps) for t in trajectories)
+    assert all(np.isfinite(r["token_advantages"]).all() for r in rows)
+    with pytest.raises(ValueError, match="reads prm_logp, ref_logp, which step rows do not hold"):
+        compute_credit(path, str(tmp_path / "x.jsonl"), "istar", progress=False)
