@@ -36,7 +36,9 @@ class DiagnoseConfig:
       values: the critic of step and token GAE: "zero", "table" or
         "checkpoint" (`stepcredit.diagnose.values`).
       value_checkpoint: the trained run whose value head "checkpoint" reads.
-      prm_steps: optimizer steps of the implicit PRM of iStar and PRIME.
+      prm_steps: optimizer steps of the implicit PRM of iStar and PRIME (10:
+        its preference loss falls from 0.69 to about 0.1 to 0.3 on a default
+        batch, at a third of the cost of the default diagnosis).
       bootstrap: bootstrap resamples of each interval.
       split: the task split.
       difficulty: the simulators' difficulty (None: each one's default).
@@ -53,7 +55,7 @@ class DiagnoseConfig:
     continuations: int = 8
     values: str = "table"
     value_checkpoint: str | None = None
-    prm_steps: int = 20
+    prm_steps: int = 10
     bootstrap: int = 200
     split: str = "train"
     difficulty: int | None = None
