@@ -37,8 +37,8 @@ class DiagnoseConfig:
         "checkpoint" (`stepcredit.diagnose.values`).
       value_checkpoint: the trained run whose value head "checkpoint" reads.
       prm_steps: optimizer steps of the implicit PRM of iStar and PRIME (10:
-        its preference loss falls from 0.69 to about 0.1 to 0.3 on a default
-        batch, at a third of the cost of the default diagnosis).
+        on a default batch its preference loss falls from 0.69 to 0.15 on
+        WebShop, 0.23 on ALFWorld and 0.44 on HotpotQA).
       bootstrap: bootstrap resamples of each interval.
       split: the task split.
       difficulty: the simulators' difficulty (None: each one's default).
