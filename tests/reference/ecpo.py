@@ -2,29 +2,16 @@
 
 import numpy as np
 
+from tests.reference.gigpo import episode_and_returns
 from tests.reference.group import group_normalize
 
 
 def ecpo(step_rewards, anchors, group_ids, mask, gamma=0.95, omega=1.0, kappa=1.0,
          std="unbiased", episode_scores=None, eps=1e-6, singleton="zero"):
     """Episode advantage plus omega * n_S / (n_S + kappa) * the anchor-group step advantage."""
-    step_rewards = np.asarray(step_rewards, np.float64)
-    mask = np.asarray(mask, bool)
-    batch, steps = step_rewards.shape
-    has_steps = mask.any(axis=1)
-    if episode_scores is None:
-        episode_scores = [sum(step_rewards[b, t] for t in range(steps) if mask[b, t])
-                          for b in range(batch)]
-    episode_scores = np.where(has_steps, np.asarray(episode_scores, np.float64), 0.0)
-    episode = group_normalize(episode_scores, group_ids, has_steps, std, eps, singleton)
-
-    returns = np.zeros((batch, steps))
-    for b in range(batch):
-        running = 0.0
-        for t in reversed(range(steps)):
-            if mask[b, t]:
-                running = step_rewards[b, t] + gamma * running
-                returns[b, t] = running
+    episode, returns, mask = episode_and_returns(step_rewards, group_ids, mask, gamma, std,
+                                                 episode_scores, eps, singleton)
+    batch, steps = returns.shape
 
     step_groups = {}
     for b in range(batch):

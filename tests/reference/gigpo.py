@@ -5,9 +5,10 @@ import numpy as np
 from tests.reference.group import group_normalize
 
 
-def gigpo(step_rewards, anchors, group_ids, mask, gamma=0.95, omega=1.0, std="unbiased",
-          episode_scores=None, eps=1e-6, singleton="zero"):
-    """Episode advantage (trajectories with a valid step) plus omega times the anchor-group one."""
+def episode_and_returns(step_rewards, group_ids, mask, gamma, std, episode_scores, eps,
+                        singleton):
+    """GiGPO's episode advantage `[B]` (trajectories with a valid step) and the discounted
+    step returns `[B, T]` that its step groups normalise, with the float64 mask."""
     step_rewards = np.asarray(step_rewards, np.float64)
     mask = np.asarray(mask, bool)
     batch, steps = step_rewards.shape
@@ -25,6 +26,15 @@ def gigpo(step_rewards, anchors, group_ids, mask, gamma=0.95, omega=1.0, std="un
             if mask[b, t]:
                 running = step_rewards[b, t] + gamma * running
                 returns[b, t] = running
+    return episode, returns, mask
+
+
+def gigpo(step_rewards, anchors, group_ids, mask, gamma=0.95, omega=1.0, std="unbiased",
+          episode_scores=None, eps=1e-6, singleton="zero"):
+    """Episode advantage (trajectories with a valid step) plus omega times the anchor-group one."""
+    episode, returns, mask = episode_and_returns(step_rewards, group_ids, mask, gamma, std,
+                                                 episode_scores, eps, singleton)
+    batch, steps = returns.shape
 
     step_groups = {}
     for b in range(batch):
