@@ -17,10 +17,11 @@ import jax.numpy as jnp
 import numpy as np
 
 from stepcredit.advantages import _checks
-from stepcredit.advantages.gigpo import _check_inputs, _step_group_ids
-from stepcredit.advantages.group import (SINGLETONS, STDS, _check_eps, _check_option, _dense_ids,
+from stepcredit.advantages.gigpo import (_check_inputs, _step_group_ids,
+                                         episode_advantages_and_returns)
+from stepcredit.advantages.group import (SINGLETONS, STDS, _check_eps, _check_option,
                                          _normalize, _segment_sum)
-from stepcredit.advantages.recurrence import Method, reverse_linear_recurrence
+from stepcredit.advantages.recurrence import Method
 
 
 def _evidence_weights(step_ids: jax.Array, mask: jax.Array, num_step_groups: int, *,
@@ -112,15 +113,9 @@ def ecpo(step_rewards, anchors, group_ids, mask, *, gamma: float = 0.95, omega: 
         raise ValueError(f"{fn}: kappa={float(kappa)}; it must be finite and >= 0")
     step_rewards, anchors, group_ids, mask, episode_scores, has_steps = _check_inputs(
         fn, step_rewards, anchors, group_ids, mask, episode_scores, gamma, omega)
-    dense = _dense_ids(fn, group_ids, num_groups, axis_name)
-    clean_rewards = jnp.where(mask, step_rewards, 0.0)
-    if episode_scores is None:
-        episode_scores = jnp.sum(clean_rewards, axis=1)
-    episode_advantages = _normalize(episode_scores, dense.ids, has_steps, dense.num_groups,
-                                    std=std, eps=eps, singleton=singleton, axis_name=axis_name)
-    returns = reverse_linear_recurrence(
-        clean_rewards, jnp.where(mask, gamma, 1.0).astype(step_rewards.dtype),
-        jnp.zeros_like(clean_rewards[:, 0]), method=method)
+    dense, episode_advantages, returns = episode_advantages_and_returns(
+        fn, step_rewards, group_ids, mask, episode_scores, has_steps, gamma=gamma, std=std,
+        eps=eps, singleton=singleton, num_groups=num_groups, axis_name=axis_name, method=method)
     step_ids, num_step_groups = _step_group_ids(dense.ids, anchors, axis_name)
     step_advantages = _normalize(returns, step_ids, mask, num_step_groups, std=std, eps=eps,
                                  singleton="zero", axis_name=axis_name)

@@ -65,6 +65,25 @@ def _check_inputs(fn, step_rewards, anchors, group_ids, mask, episode_scores, ga
     return step_rewards, anchors, group_ids, mask, episode_scores, has_steps
 
 
+def episode_advantages_and_returns(fn: str, step_rewards, group_ids, mask, episode_scores,
+                                   has_steps, *, gamma, std: str, eps: float, singleton: str,
+                                   num_groups: int | None, axis_name: str | None, method: str):
+    """GiGPO's episode advantages A^E `[B]` (group-normalised episode scores, by default
+    the masked sum of step rewards) and the discounted step returns `[B, T]` that its step
+    groups normalise, with the dense group ids; shared by the GiGPO family (ECPO, HGPO).
+    Inputs as `gigpo` takes them after `_check_inputs`."""
+    dense = _dense_ids(fn, group_ids, num_groups, axis_name)
+    clean_rewards = jnp.where(mask, step_rewards, 0.0)
+    if episode_scores is None:
+        episode_scores = jnp.sum(clean_rewards, axis=1)
+    episode_advantages = _normalize(episode_scores, dense.ids, has_steps, dense.num_groups,
+                                    std=std, eps=eps, singleton=singleton, axis_name=axis_name)
+    returns = reverse_linear_recurrence(
+        clean_rewards, jnp.where(mask, gamma, 1.0).astype(step_rewards.dtype),
+        jnp.zeros_like(clean_rewards[:, 0]), method=method)
+    return dense, episode_advantages, returns
+
+
 def gigpo(step_rewards, anchors, group_ids, mask, *, gamma: float = 0.95, omega: float = 1.0,
           std: str = "unbiased", episode_scores=None, eps: float = 1e-6, singleton: str = "zero",
           num_groups: int | None = None, axis_name: str | None = None,
@@ -157,15 +176,9 @@ def gigpo(step_rewards, anchors, group_ids, mask, *, gamma: float = 0.95, omega:
     _check_eps(fn, eps)
     step_rewards, anchors, group_ids, mask, episode_scores, has_steps = _check_inputs(
         fn, step_rewards, anchors, group_ids, mask, episode_scores, gamma, omega)
-    dense = _dense_ids(fn, group_ids, num_groups, axis_name)
-    clean_rewards = jnp.where(mask, step_rewards, 0.0)
-    if episode_scores is None:
-        episode_scores = jnp.sum(clean_rewards, axis=1)
-    episode_advantages = _normalize(episode_scores, dense.ids, has_steps, dense.num_groups,
-                                    std=std, eps=eps, singleton=singleton, axis_name=axis_name)
-    returns = reverse_linear_recurrence(
-        clean_rewards, jnp.where(mask, gamma, 1.0).astype(step_rewards.dtype),
-        jnp.zeros_like(clean_rewards[:, 0]), method=method)
+    dense, episode_advantages, returns = episode_advantages_and_returns(
+        fn, step_rewards, group_ids, mask, episode_scores, has_steps, gamma=gamma, std=std,
+        eps=eps, singleton=singleton, num_groups=num_groups, axis_name=axis_name, method=method)
     step_ids, num_step_groups = _step_group_ids(dense.ids, anchors, axis_name)
     step_advantages = _normalize(returns, step_ids, mask, num_step_groups, std=std, eps=eps,
                                  singleton="zero", axis_name=axis_name)

@@ -19,10 +19,11 @@ import jax.numpy as jnp
 import numpy as np
 
 from stepcredit.advantages import _checks
-from stepcredit.advantages.gigpo import _check_inputs, _pair_ids
-from stepcredit.advantages.group import (SINGLETONS, STDS, _check_eps, _check_option, _dense_ids,
+from stepcredit.advantages.gigpo import (_check_inputs, _pair_ids,
+                                         episode_advantages_and_returns)
+from stepcredit.advantages.group import (SINGLETONS, STDS, _check_eps, _check_option,
                                          _normalize)
-from stepcredit.advantages.recurrence import Method, reverse_linear_recurrence
+from stepcredit.advantages.recurrence import Method
 
 
 def _check_depths(fn: str, max_depth, min_depth, alpha) -> None:
@@ -148,15 +149,9 @@ def hgpo(step_rewards, anchors, group_ids, mask, *, gamma: float = 0.95, omega: 
     _check_depths(fn, max_depth, min_depth, alpha)
     step_rewards, anchors, group_ids, mask, episode_scores, has_steps = _check_inputs(
         fn, step_rewards, anchors, group_ids, mask, episode_scores, gamma, omega)
-    dense = _dense_ids(fn, group_ids, num_groups, None)
-    clean_rewards = jnp.where(mask, step_rewards, 0.0)
-    if episode_scores is None:
-        episode_scores = jnp.sum(clean_rewards, axis=1)
-    episode_advantages = _normalize(episode_scores, dense.ids, has_steps, dense.num_groups,
-                                    std=std, eps=eps, singleton=singleton, axis_name=None)
-    returns = reverse_linear_recurrence(
-        clean_rewards, jnp.where(mask, gamma, 1.0).astype(step_rewards.dtype),
-        jnp.zeros_like(clean_rewards[:, 0]), method=method)
+    dense, episode_advantages, returns = episode_advantages_and_returns(
+        fn, step_rewards, group_ids, mask, episode_scores, has_steps, gamma=gamma, std=std,
+        eps=eps, singleton=singleton, num_groups=num_groups, axis_name=None, method=method)
     num_segments = max(mask.size, dense.num_groups, 1)
     total = jnp.zeros_like(returns)
     weight = jnp.zeros_like(returns)
