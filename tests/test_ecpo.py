@@ -9,43 +9,11 @@ from hypothesis import strategies as st
 
 from stepcredit.advantages import registry
 from stepcredit.advantages.ecpo import ecpo
-from stepcredit.advantages.gigpo import gigpo
-from stepcredit.advantages.group import grpo
 from tests.reference import ecpo as ref
+# GiGPO's shape, docstring fixture and random batches serve ECPO's tests unchanged.
+from tests.test_gigpo import FIXTURE, B, T, _batch, _close, _gigpo, _grpo
 
-B, T = 8, 6  # one shape for the whole module: every new shape recompiles
-
-_STATIC = ("std", "singleton", "num_groups", "axis_name", "method")
-_ecpo = jax.jit(ecpo, static_argnames=_STATIC)
-_gigpo = jax.jit(gigpo, static_argnames=_STATIC)
-_grpo = jax.jit(grpo, static_argnames=("std",))
-
-# The docstring example (GiGPO's fixture): group 0 has two trajectories that both start in
-# state 0; group 5 has one trajectory that visits state 0 twice.
-FIXTURE = (
-    np.array([[0.0, 0.0, 1.0], [0.0, 0.0, np.nan], [1.0, 1.0, np.nan]], np.float32),
-    np.array([[0, 1, 2], [0, 3, -1], [0, 0, -1]], np.int32),
-    np.array([0, 0, 5], np.int32),
-    np.array([[1, 1, 1], [1, 1, 0], [1, 1, 0]], bool),
-)
-
-
-def _close(actual, expected, tol=1e-5):
-    expected = np.asarray(expected, np.float64)
-    scale = max(1.0, float(np.abs(expected).max(initial=0.0)))
-    np.testing.assert_allclose(np.asarray(actual, np.float64), expected, rtol=tol, atol=tol * scale)
-
-
-def _batch(seed, num_states=3):
-    """Random rewards over few states (so states repeat), ragged lengths, one empty row."""
-    rng = np.random.default_rng(seed)
-    lengths = rng.integers(1, T + 1, size=B)
-    lengths[3] = 0
-    mask = np.arange(T)[None, :] < lengths[:, None]
-    rewards = np.where(mask, rng.normal(size=(B, T)), np.nan).astype(np.float32)
-    anchors = np.where(mask, rng.integers(0, num_states, size=(B, T)), -1).astype(np.int32)
-    group_ids = np.array([7, 7, 7, 7, 1000, 1000, -3, 42], np.int32)  # -3 and 42 are singletons
-    return rewards, anchors, group_ids, mask
+_ecpo = jax.jit(ecpo, static_argnames=("std", "singleton", "num_groups", "axis_name", "method"))
 
 
 def test_hand_computed_example():

@@ -13,6 +13,7 @@ from stepcredit.advantages.gigpo import gigpo
 from stepcredit.advantages.group import grpo
 from stepcredit.advantages.hgpo import history_keys, hgpo
 from tests.reference import hgpo as ref
+from tests.test_gigpo import _close
 
 B, T = 8, 6
 
@@ -20,12 +21,6 @@ _STATIC = ("std", "singleton", "num_groups", "method", "max_depth", "min_depth")
 _hgpo = jax.jit(hgpo, static_argnames=_STATIC)
 _gigpo = jax.jit(gigpo, static_argnames=("std", "singleton"))
 _grpo = jax.jit(grpo, static_argnames=("std",))
-
-
-def _close(actual, expected, tol=1e-5):
-    expected = np.asarray(expected, np.float64)
-    scale = max(1.0, float(np.abs(expected).max(initial=0.0)))
-    np.testing.assert_allclose(np.asarray(actual, np.float64), expected, rtol=tol, atol=tol * scale)
 
 
 def _batch(seed, num_states=2, equal=False):
