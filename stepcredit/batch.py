@@ -73,12 +73,17 @@ class Trajectory:
         sum of step rewards.
       bootstrap_value: V(s_next) after the last step when it was truncated;
         ignored (0) when the episode terminated.
+      tree_id: the rollout tree it is a leaf of (Tree-GRPO's branching
+        rollouts, `stepcredit.train.tree`: the leaves of a tree share their
+        steps up to their branch points), unique within the batch; None
+        makes it a tree of its own.
     """
 
     steps: Sequence[StepRecord]
     group_id: int = 0
     score: float | None = None
     bootstrap_value: float = 0.0
+    tree_id: int | None = None
 
 
 class StepBatch(NamedTuple):
@@ -98,6 +103,8 @@ class StepBatch(NamedTuple):
       group_id: `[B]` group of each trajectory.
       score: `[B]` trajectory score.
       bootstrap_value: `[B]` value after the last step (0 unless truncated).
+      tree_id: `[B]` rollout tree of each trajectory (`Trajectory.tree_id`;
+        a trajectory without one gets an id of its own, -1 - its index).
     """
 
     reward: np.ndarray
@@ -111,6 +118,7 @@ class StepBatch(NamedTuple):
     group_id: np.ndarray
     score: np.ndarray
     bootstrap_value: np.ndarray
+    tree_id: np.ndarray | None = None
 
 
 class TokenBatch(NamedTuple):
@@ -257,6 +265,8 @@ def collate(trajectories: Sequence[Trajectory], *, max_steps: int | None = None,
     token_logp = np.zeros((batch, num_tokens), dtype)
     token_entropy = np.zeros((batch, num_tokens), dtype)
     group_id = np.asarray([t.group_id for t in trajectories], np.int32)
+    tree_id = np.asarray([-1 - b if t.tree_id is None else t.tree_id
+                          for b, t in enumerate(trajectories)], np.int32)
     score = np.zeros(batch, dtype)
     bootstrap = np.zeros(batch, dtype)
 
@@ -297,7 +307,7 @@ def collate(trajectories: Sequence[Trajectory], *, max_steps: int | None = None,
         score[b] = (step_arrays["reward"][b].sum() if trajectory.score is None or was_cut
                     else trajectory.score)
 
-    step_batch = StepBatch(anchor=dense_anchor_ids(anchor_keys, has_anchor), group_id=group_id, score=score, bootstrap_value=bootstrap,
+    step_batch = StepBatch(anchor=dense_anchor_ids(anchor_keys, has_anchor), group_id=group_id, score=score, bootstrap_value=bootstrap, tree_id=tree_id,
                            **step_arrays, **step_flags)
     token_batch = TokenBatch(tokens=tokens, action_mask=step_index >= 0, step_index=step_index,
                              logp=token_logp, entropy=token_entropy)
