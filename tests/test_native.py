@@ -5,6 +5,7 @@ Its numbers are checked with every other method in test_kernels.py.
 
 import functools
 import os
+import warnings
 
 import jax
 import jax.numpy as jnp
@@ -12,7 +13,8 @@ import numpy as np
 import pytest
 from jax.sharding import PartitionSpec as P
 
-from stepcredit.advantages import native, step_gae, token_gae
+from stepcredit import advantages as adv
+from stepcredit.advantages import gae_method, native, step_gae, token_gae
 from tests.reference import gae as ref
 from tests.test_kernels import assert_close, odd_batch
 
@@ -74,6 +76,46 @@ def test_a_failed_build_warns_and_runs_the_scan(monkeypatch):
         out = native_advantages(rewards, values, mask, bootstrap)
     expected, _ = ref.gae(rewards, values, mask, GAMMA, LAM, bootstrap)
     assert_close(out, expected)
+
+
+def test_the_default_call_runs_the_kernel_on_cpu():
+    rewards, values, mask, bootstrap = odd_batch(1, 9)
+
+    def default(rewards, values, mask, bootstrap):
+        return step_gae(rewards, values, mask, gamma=GAMMA, lam=LAM,
+                        bootstrap_value=bootstrap).advantages
+
+    assert gae_method(rewards, values, bootstrap, gamma=GAMMA, lam=LAM) == "native"
+    assert native._TARGET in lowered_text(default, rewards, values, mask, bootstrap)
+    expected, _ = ref.gae(rewards, values, mask, GAMMA, LAM, bootstrap)
+    assert_close(jax.jit(default)(rewards, values, mask, bootstrap), expected)
+    # The registry's GAE entries, hence the trainer and offline credit, take the default.
+    for name in ("step_gae", "token_gae", "turn_ppo"):
+        assert adv.get(name).options["method"] == "auto"
+
+
+def test_gae_method_says_when_the_scan_runs_instead(monkeypatch):
+    rewards, values, _, bootstrap = odd_batch(1, 9)
+    low = jnp.asarray(rewards, jnp.bfloat16)
+    assert gae_method(low, low, gamma=GAMMA, lam=LAM) == "sequential"
+    assert gae_method(rewards, values, bootstrap, gamma=GAMMA, lam=LAM,
+                      backend="gpu") == "sequential"
+    assert gae_method(rewards, values, gamma=GAMMA, lam=LAM, method="chunked") == "chunked"
+    traced = jax.jit(lambda g: jnp.float32(gae_method(rewards, values, gamma=g, lam=LAM)
+                                           == "native"))
+    assert traced(0.9) == 0.0
+    monkeypatch.setattr(native, "build_error", lambda: "no compiler here")
+    assert gae_method(rewards, values, bootstrap, gamma=GAMMA, lam=LAM) == "sequential"
+
+
+def test_without_a_kernel_the_default_runs_the_scan_silently(monkeypatch):
+    monkeypatch.setattr(native, "build_error", lambda: "no compiler here")
+    rewards, values, mask, bootstrap = odd_batch(2, 9)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        out = step_gae(rewards, values, mask, gamma=GAMMA, lam=LAM, bootstrap_value=bootstrap)
+    expected, _ = ref.gae(rewards, values, mask, GAMMA, LAM, bootstrap)
+    assert_close(out.advantages, expected)
 
 
 def test_odd_row_counts_and_empty_rows():

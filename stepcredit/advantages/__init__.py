@@ -9,6 +9,7 @@ adds one.
 from stepcredit.advantages.gae import (
     AdvantagesAndReturns,
     discounted_returns,
+    gae_method,
     lambda_returns,
     step_gae,
     token_gae,
@@ -73,6 +74,7 @@ __all__ = [
     "ecpo",
     "empg",
     "first_token_positions",
+    "gae_method",
     "get",
     "gigpo",
     "gtpo",

@@ -21,9 +21,10 @@ import jax.numpy as jnp
 from stepcredit.advantages import _checks, native
 from stepcredit.advantages.recurrence import METHODS, Method, reverse_linear_recurrence
 
-GaeMethod = Literal["sequential", "chunked", "associative", "native"]
-# "native" exists for GAE only: a compiled kernel of the whole masked recursion.
-GAE_METHODS = (*METHODS, "native")
+GaeMethod = Literal["auto", "sequential", "chunked", "associative", "native"]
+# "native" exists for GAE only: a compiled kernel of the whole masked recursion; "auto"
+# (the default) takes it wherever it applies and the sequential scan elsewhere.
+GAE_METHODS = ("auto", *METHODS, "native")
 
 
 class AdvantagesAndReturns(NamedTuple):
@@ -66,10 +67,42 @@ def _next_valid(x: jax.Array, mask: jax.Array, after_last: jax.Array, method: Me
     return jnp.concatenate([carried[:, 1:], after_last[:, None]], axis=1)
 
 
+def gae_method(rewards, values, bootstrap_value=None, *, gamma, lam,
+               method: GaeMethod = "auto", backend: str | None = None) -> str:
+    """Which computation `step_gae` / `token_gae` run for these arguments.
+
+    "auto" and "native" run the compiled kernel (`stepcredit.advantages.native`)
+    on CPU for float32 rewards, values and bootstrap value with gamma and lam
+    known when tracing, once the kernel is built; otherwise the sequential scan.
+    "sequential", "chunked" and "associative" always run as named.
+
+    Args:
+      rewards, values: `[B, T]` arrays (or their `jax.ShapeDtypeStruct`s).
+      bootstrap_value: `[B]`, or None (0, in the dtype of rewards).
+      gamma, lam: the call's hyperparameters.
+      method: the call's `method`.
+      backend: the platform it will run on (default: `jax.default_backend()`).
+
+    Returns:
+      "native", or the scan's method name.
+    """
+    if method not in GAE_METHODS:
+        raise ValueError(f"gae_method: method={method!r}; expected one of {GAE_METHODS}")
+    if method not in ("auto", "native"):
+        return method
+    if bootstrap_value is None:
+        bootstrap_value = jax.ShapeDtypeStruct(jnp.shape(rewards)[:1], jnp.result_type(rewards))
+    if ((backend or jax.default_backend()) != "cpu"
+            or not native.supports(rewards, values, bootstrap_value, gamma, lam)
+            or native.build_error()):
+        return "sequential"
+    return "native"
+
+
 def _masked_gae(fn, rewards, values, mask, bootstrap_value, gamma, lam, method):
     if method not in GAE_METHODS:
         raise ValueError(f"{fn}: method={method!r}; expected one of {GAE_METHODS}")
-    if method != "native":
+    if method not in ("auto", "native"):
         return _scan_gae(rewards, values, mask, bootstrap_value, gamma, lam, method)
 
     def sequential(*arrays):
@@ -81,10 +114,13 @@ def _masked_gae(fn, rewards, values, mask, bootstrap_value, gamma, lam, method):
             return sequential(*arrays)
         error = native.build_error()
         if error:
-            warnings.warn(f"{fn}: running the sequential scan instead: {error}")
+            # Only a caller who asked for the kernel by name hears that it is missing.
+            if method == "native":
+                warnings.warn(f"{fn}: running the sequential scan instead: {error}")
             return sequential(*arrays)
         return AdvantagesAndReturns(*native.masked_gae(*arrays, gamma=gamma, lam=lam))
 
+    # The platform is known only at lowering, so the choice is made there.
     return jax.lax.platform_dependent(rewards, values, mask, bootstrap_value,
                                       cpu=on_cpu, default=sequential)
 
@@ -107,7 +143,7 @@ def _scan_gae(rewards, values, mask, bootstrap_value, gamma, lam, method):
 
 
 def step_gae(rewards, values, mask, *, gamma: float = 1.0, lam: float = 1.0,
-             bootstrap_value=None, method: GaeMethod = "sequential") -> AdvantagesAndReturns:
+             bootstrap_value=None, method: GaeMethod = "auto") -> AdvantagesAndReturns:
     """Step-level GAE: one advantage per agent step (StepPO's critic-based credit).
 
     With V_{T} = `bootstrap_value` after a trajectory's last valid step:
@@ -130,13 +166,16 @@ def step_gae(rewards, values, mask, *, gamma: float = 1.0, lam: float = 1.0,
       lam: GAE lambda in [0, 1]. Default 1 (verl's default, used by StepPO).
       bootstrap_value: `[B]` value after the last valid step: V(s_next) when the
         trajectory was truncated, 0 when it terminated. None means 0.
-      method: "sequential" (`lax.scan`), "chunked" (blocks solved by vectorised
-        doubling, recursively) or "associative" (`lax.associative_scan`), see
-        `reverse_linear_recurrence`; or "native", a compiled CPU kernel of the
-        whole recursion (`stepcredit.advantages.native`, built with the system
-        C++ compiler on first use; the fastest on CPU), which runs "sequential"
-        instead on other backends, for dtypes other than float32 and for gamma
-        or lam traced under `jit`.
+      method: "auto" (the default) runs a compiled CPU kernel of the whole
+        recursion (`stepcredit.advantages.native`, built with the system C++
+        compiler on first use; the fastest on CPU) wherever it applies, and
+        "sequential" on other backends, for dtypes other than float32, for
+        gamma or lam traced under `jit` and where no kernel can be built;
+        `gae_method` says which a call runs. "native" is "auto" that warns when
+        the kernel cannot be built. "sequential" (`lax.scan`), "chunked"
+        (blocks solved by vectorised doubling, recursively) and "associative"
+        (`lax.associative_scan`) name a scan (`reverse_linear_recurrence`).
+        The kernel has no derivative: to differentiate through GAE, pass a scan.
 
     Returns:
       `AdvantagesAndReturns` of `[B, T]` arrays, 0 at masked steps.
@@ -182,7 +221,7 @@ def step_gae(rewards, values, mask, *, gamma: float = 1.0, lam: float = 1.0,
 
 
 def token_gae(rewards, values, mask, *, gamma: float, lam: float, bootstrap_value=None,
-              method: GaeMethod = "sequential") -> AdvantagesAndReturns:
+              method: GaeMethod = "auto") -> AdvantagesAndReturns:
     """Token-level GAE along a trajectory's tokens, skipping non-action tokens.
 
     The recursion of `step_gae` with one time step per token: for action
@@ -208,7 +247,8 @@ def token_gae(rewards, values, mask, *, gamma: float, lam: float, bootstrap_valu
       lam: GAE lambda in [0, 1] (verl's default is 1).
       bootstrap_value: `[B]` value after the last action token (0 when the
         episode terminated; None means 0).
-      method: "sequential", "chunked", "associative" or "native" (as `step_gae`).
+      method: "auto", "sequential", "chunked", "associative" or "native" (as
+        `step_gae`).
 
     Returns:
       `AdvantagesAndReturns` of `[B, N]` arrays, 0 where mask is False.

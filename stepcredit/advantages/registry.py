@@ -309,6 +309,8 @@ _MT_GRPO_READS = {"step_rewards": "step_rewards", "scores": "scores", "group_ids
                   "mask": "mask"}
 _MT_GRPO_DEFAULTS = {"lam": 1.0, "final_turn": "outcome", "std": "unbiased", "eps": 1e-6}
 _METHOD = {"method": "sequential"}
+# GAE's default: the compiled CPU kernel wherever it applies (`gae.gae_method`).
+_GAE_METHOD = {"method": "auto"}
 
 _TOKEN_GAE_READS = {"rewards": "token_rewards", "values": "token_values", "mask": "action_mask",
                     "bootstrap_value": "bootstrap_value"}
@@ -321,9 +323,9 @@ _ISTAR_READS = {**_SCORES, "step_rewards": "implicit_step_rewards", "mask": "mas
 for _entry in (
     Estimator("token_gae", gae.token_gae, _TOKEN_GAE_READS, {"gamma": 1.0, "lam": 1.0}, _STEPPO,
               output_level="token", whiten="tokens", optional={"bootstrap_value"},
-              options=_METHOD),
+              options=_GAE_METHOD),
     Estimator("step_gae", gae.step_gae, _STEP_GAE_READS, {"gamma": 1.0, "lam": 1.0}, _STEPPO,
-              output_level="step", whiten="steps", optional={"bootstrap_value"}, options=_METHOD),
+              output_level="step", whiten="steps", optional={"bootstrap_value"}, options=_GAE_METHOD),
     # Group-relative family: one score per trajectory, broadcast to its steps and tokens.
     Estimator("grpo", group.grpo, _SCORES, {"std": "unbiased", "eps": 1e-6, "singleton": "zero"},
               "DeepSeekMath (GRPO), arXiv 2402.03300; unbiased std and eps 1e-6 as in verl",
@@ -387,7 +389,7 @@ for _entry in (
               "and lam 0.9 are the values its GAE ablation recommends (as reported by summaries of "
               "the paper; its equations were not read here); whitened over valid turns like "
               "step_gae; its turn-level clipping is a loss matter (step_ppo_loss)",
-              output_level="step", whiten="steps", optional={"bootstrap_value"}, options=_METHOD),
+              output_level="step", whiten="steps", optional={"bootstrap_value"}, options=_GAE_METHOD),
     # ECPO: GiGPO with each anchor group's step term shrunk by its evidence n / (n + kappa).
     Estimator("ecpo", ecpo, {"step_rewards": "step_rewards", "anchors": "anchors",
                              "group_ids": "group_ids", "mask": "mask"},
