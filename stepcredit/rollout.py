@@ -223,7 +223,8 @@ def _left_padded(tokenizer: Tokenizer, prompts: Sequence[Sequence[int] | None], 
 
 
 def collect(graphdef, state, pool: EnvPool, tasks: Sequence[Any], group_size: int,
-            tokenizer: Tokenizer, key: jax.Array, config: RolloutConfig) -> Rollout:
+            tokenizer: Tokenizer, key: jax.Array, config: RolloutConfig, *,
+            history: Sequence[Sequence[tuple[str, str | Sequence[int]]]] | None = None) -> Rollout:
     """Plays one episode per environment of `pool`, G per task, and records every step.
 
     Args:
@@ -234,12 +235,16 @@ def collect(graphdef, state, pool: EnvPool, tasks: Sequence[Any], group_size: in
       tokenizer: turns prompts into ids and sampled ids into action text.
       key: PRNG key for sampling.
       config: a `RolloutConfig`.
+      history: per environment, the (observation, action) pairs its episode
+        already holds when its `reset` resumes one mid-way (continuations
+        from a visited state, `stepcredit.train.vine`); None: fresh episodes.
 
     Returns:
       A `Rollout`: one `Trajectory` per environment (group id = task index in
       `tasks`; steps with prompt ids, sampled ids, log-probs, entropies,
       V(s_t), reward after the invalid-action penalty, done, truncated, anchor
-      key and the environment's info) and metrics (success, score, steps per
+      key and the environment's info, with the action text it received under
+      "action") and metrics (success, score, steps per
       episode, invalid-action rate, action types, entropy, prompt policy
       counts, throughput).
     """
@@ -249,7 +254,8 @@ def collect(graphdef, state, pool: EnvPool, tasks: Sequence[Any], group_size: in
     observations = pool.reset_groups(list(tasks), group_size)
     batch = len(observations)
     steps: list[list[StepRecord]] = [[] for _ in range(batch)]
-    histories: list[list[tuple[str, str | list[int]]]] = [[] for _ in range(batch)]
+    histories: list[list[tuple[str, str | list[int]]]] = (
+        [[] for _ in range(batch)] if history is None else [list(h) for h in history])
     final_info: list[dict] = [{} for _ in range(batch)]
     all_prompts, generated_tokens, action_types = [], 0, {}
     model_seconds = 0.0
@@ -285,7 +291,7 @@ def collect(graphdef, state, pool: EnvPool, tasks: Sequence[Any], group_size: in
             if result is None:
                 continue
             ids = out.tokens[i, :out.lengths[i]].tolist()
-            info = dict(result.info)
+            info = {**result.info, "action": actions[i]}  # the text the environment received
             if i in parse_errors:
                 info["valid"], info["parse_error"] = False, parse_errors[i]
             # Only valid actions name a type: invalid outputs would make one key each.
