@@ -47,17 +47,21 @@ class Credit(NamedTuple):
 
 
 def credit_inputs(steps: StepBatch, tokens: TokenBatch, *, token_values=None, prm_logp=None,
-                  ref_logp=None, base_advantages=None) -> CreditInputs:
+                  ref_logp=None, base_advantages=None, mc_values=None, progress=None,
+                  grounding=None, answer_logp=None) -> CreditInputs:
     """The `CreditInputs` of a collated batch and the arrays the trainer adds to it."""
     return CreditInputs(mask=steps.mask, step_rewards=steps.reward, step_values=steps.value,
                         bootstrap_value=steps.bootstrap_value, entropy=steps.entropy,
                         anchors=steps.anchor, group_ids=steps.group_id, scores=steps.score,
                         step_index=tokens.step_index, token_values=token_values,
-                        prm_logp=prm_logp, ref_logp=ref_logp, base_advantages=base_advantages)
+                        prm_logp=prm_logp, ref_logp=ref_logp, base_advantages=base_advantages,
+                        tree_ids=steps.tree_id, mc_values=mc_values, progress=progress,
+                        grounding=grounding, answer_logp=answer_logp)
 
 
 def compute_advantages(steps: StepBatch, tokens: TokenBatch, name: str, *, token_values=None,
-                       prm_logp=None, ref_logp=None, base_advantages=None,
+                       prm_logp=None, ref_logp=None, base_advantages=None, mc_values=None,
+                       progress=None, grounding=None, answer_logp=None,
                        whiten: bool | None = None, **config: Any) -> Credit:
     """Runs the estimator registered as `name` and returns token-level credit.
 
@@ -78,6 +82,13 @@ def compute_advantages(steps: StepBatch, tokens: TokenBatch, name: str, *, token
         and of the policy that sampled the batch (iStar, PRIME).
       base_advantages: `[B]` or `[B, T]` advantages for plain "empg" (None:
         its base estimator's, GRPO).
+      mc_values: `[B, T]` Monte Carlo state values V_MC(s_t) (VinePPO;
+        `stepcredit.train.vine`).
+      progress, grounding: `[B, T]` a progress estimator's step contributions
+        and whether each step's action was executed (valid) (SPA;
+        `stepcredit.train.progress`).
+      answer_logp: `[B, T]` the policy's mean log-prob of the ground-truth
+        answer after each step's prompt (IGPO; `stepcredit.train.information_gain`).
       whiten: override the registry's whitening (None keeps it).
       **config: the estimator's hyperparameters and options overriding its
         defaults (`stepcredit.advantages.get(name).accepted`), including the
@@ -91,7 +102,9 @@ def compute_advantages(steps: StepBatch, tokens: TokenBatch, name: str, *, token
     """
     entry = adv.get(name)
     inputs = credit_inputs(steps, tokens, token_values=token_values, prm_logp=prm_logp,
-                           ref_logp=ref_logp, base_advantages=base_advantages)
+                           ref_logp=ref_logp, base_advantages=base_advantages,
+                           mc_values=mc_values, progress=progress, grounding=grounding,
+                           answer_logp=answer_logp)
     out = adv.apply(entry, inputs, config)
     mask, step_index = jnp.asarray(steps.mask), jnp.asarray(tokens.step_index)
     step_level = token_level = None
@@ -121,7 +134,9 @@ def _compiled(name: str, whiten: bool | None, config_items: tuple[tuple[str, Any
 
 def compiled_compute_advantages(steps: StepBatch, tokens: TokenBatch, name: str, *,
                                 whiten: bool | None = None, token_values=None, prm_logp=None,
-                                ref_logp=None, base_advantages=None, **config: Any) -> Credit:
+                                ref_logp=None, base_advantages=None, mc_values=None,
+                                progress=None, grounding=None, answer_logp=None,
+                                **config: Any) -> Credit:
     """`compute_advantages` compiled once per (name, whiten, config) and input shapes.
 
     The trainer's hot path: eager dispatch of the estimators' many small ops
@@ -131,4 +146,5 @@ def compiled_compute_advantages(steps: StepBatch, tokens: TokenBatch, name: str,
     """
     compiled = _compiled(name, whiten, tuple(sorted(config.items())))
     return compiled(steps, tokens, token_values=token_values, prm_logp=prm_logp,
-                    ref_logp=ref_logp, base_advantages=base_advantages)
+                    ref_logp=ref_logp, base_advantages=base_advantages, mc_values=mc_values,
+                    progress=progress, grounding=grounding, answer_logp=answer_logp)

@@ -28,7 +28,11 @@ def random_batch(seed=0, *, num_groups=3, group_size=4):
     steps, tokens, _ = collate(trajectories, with_observations=False)
     extra = {"token_values": rng.normal(size=tokens.tokens.shape).astype(np.float32),
              "prm_logp": (tokens.logp + rng.normal(size=tokens.logp.shape) * 0.1).astype(np.float32),
-             "ref_logp": tokens.logp, "base_advantages": rng.normal(size=len(trajectories)).astype(np.float32)}
+             "ref_logp": tokens.logp, "base_advantages": rng.normal(size=len(trajectories)).astype(np.float32),
+             "mc_values": rng.normal(size=steps.reward.shape).astype(np.float32),
+             "answer_logp": np.log(rng.uniform(0.05, 1.0, size=steps.reward.shape)).astype(np.float32),
+             "progress": rng.normal(size=steps.reward.shape).astype(np.float32),
+             "grounding": rng.random(steps.reward.shape) < 0.8}
     return steps, tokens, extra
 
 

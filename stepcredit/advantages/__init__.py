@@ -18,6 +18,7 @@ from stepcredit.advantages.ecpo import ecpo
 from stepcredit.advantages.empg import empg, grpo_empg
 from stepcredit.advantages.gigpo import gigpo
 from stepcredit.advantages.hgpo import hgpo
+from stepcredit.advantages.igpo import igpo, information_gain
 from stepcredit.advantages.group import (
     DenseGroupIds,
     GroupStats,
@@ -40,6 +41,7 @@ from stepcredit.advantages.process import (
     prime_token_rewards,
 )
 from stepcredit.advantages.recurrence import reverse_linear_recurrence
+from stepcredit.advantages.spa import progress_loss, spa, spa_step_rewards
 from stepcredit.advantages.inputs import CreditInputs
 from stepcredit.advantages.registry import (
     Estimator,
@@ -51,6 +53,7 @@ from stepcredit.advantages.registry import (
     register,
     unregister,
 )
+from stepcredit.advantages.tree_grpo import tree_grpo
 from stepcredit.advantages.turn_returns import gtpo, kevin
 from stepcredit.advantages.tokens import (
     broadcast_to_tokens,
@@ -80,9 +83,11 @@ __all__ = [
     "gtpo",
     "group_stats",
     "hgpo",
+    "igpo",
     "grpo",
     "grpo_empg",
     "implicit_step_rewards",
+    "information_gain",
     "istar",
     "kevin",
     "lambda_returns",
@@ -95,16 +100,20 @@ __all__ = [
     "optimal_token_baseline",
     "prime_advantages",
     "prime_token_rewards",
+    "progress_loss",
     "Recipe",
     "register",
     "reinforce_pp",
     "reinforce_pp_baseline",
     "reverse_linear_recurrence",
     "rloo",
+    "spa",
+    "spa_step_rewards",
     "step_gae",
     "step_rewards_from_tokens",
     "step_values_from_tokens",
     "token_gae",
     "trajectory_preference_loss",
+    "tree_grpo",
     "unregister",
 ]

@@ -27,6 +27,7 @@ from typing import Any, Callable, Mapping, NamedTuple
 import jax
 import jax.numpy as jnp
 
+from stepcredit.advantages.igpo import information_gain
 from stepcredit.advantages.istar import implicit_step_rewards
 from stepcredit.advantages.process import prime_token_rewards
 from stepcredit.advantages.tokens import broadcast_to_tokens
@@ -59,6 +60,21 @@ class CreditInputs(NamedTuple):
         `implicit_step_rewards` of the PRM and old-policy log-probs).
       prime_token_rewards: `[B, N]` PRIME's implicit token rewards (derived:
         `prime_token_rewards` of the PRM and reference log-probs).
+      tree_ids: `[B]` int rollout tree of each trajectory (Tree-GRPO: the
+        leaves of one tree share their prefix up to their branch points).
+      progress: `[B, T]` SPA's progress contributions c_t of each step (a
+        progress estimator trained so that a trajectory's sum to its outcome).
+      grounding: `[B, T]` bool, SPA's grounding signal: True where the
+        environment executed the step's action, False where it was invalid.
+      mc_values: `[B, T]` Monte Carlo values V_MC(s_t): the mean return of K
+        continuations played by the sampling policy from each step's start
+        state (VinePPO); no value is read after the last valid step, where
+        none remain.
+      answer_logp: `[B, T]` the sampling policy's mean per-token log-prob of
+        the ground-truth answer teacher-forced after each step's prompt
+        (IGPO's belief before the step; 0 where the task has no answer).
+      information_gain: `[B, T]` IGPO's gain of each step before the last
+        (derived: `information_gain` of `answer_logp`).
     """
 
     mask: Any = None
@@ -78,6 +94,12 @@ class CreditInputs(NamedTuple):
     token_rewards: Any = None
     implicit_step_rewards: Any = None
     prime_token_rewards: Any = None
+    tree_ids: Any = None
+    progress: Any = None
+    grounding: Any = None
+    mc_values: Any = None
+    answer_logp: Any = None
+    information_gain: Any = None
 
 
 def last_action_tokens(step_index) -> jax.Array:
@@ -119,6 +141,8 @@ DERIVED: Mapping[str, Derived] = {
     # PRIME: r_n = beta (log pi_prm - log pi_ref) at each action token.
     "prime_token_rewards": Derived(_prime_token_rewards, ("prm_logp", "ref_logp", "step_index"),
                                    ("beta",)),
+    # IGPO: IG_t = exp(b_{t+1}) - exp(b_t) (or b_{t+1} - b_t) of the answer beliefs b.
+    "information_gain": Derived(information_gain, ("answer_logp", "mask"), ("gain",)),
 }
 
 

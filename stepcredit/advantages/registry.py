@@ -23,12 +23,15 @@ from stepcredit.advantages.ecpo import ecpo
 from stepcredit.advantages.empg import empg, grpo_empg
 from stepcredit.advantages.gigpo import gigpo
 from stepcredit.advantages.hgpo import hgpo
+from stepcredit.advantages.igpo import igpo
 from stepcredit.advantages.inputs import CreditInputs, input_field, missing_fields, raw_fields
 from stepcredit.advantages.istar import istar
 from stepcredit.advantages.maxrl import maxrl
 from stepcredit.advantages.mt_grpo import mt_grpo
 from stepcredit.advantages.optimal_baseline import optimal_token_baseline
 from stepcredit.advantages.process import prime_advantages
+from stepcredit.advantages.spa import spa
+from stepcredit.advantages.tree_grpo import tree_grpo
 from stepcredit.advantages.turn_returns import gtpo, kevin
 
 Level = Literal["trajectory", "step", "token"]
@@ -48,10 +51,14 @@ class Recipe:
         None for the loss's default.
       dynamic_sampling: drop groups whose scores are all equal and refill the
         batch (DAPO).
+      rollout_trees: play each task's rollouts as trees that branch from
+        snapshotted states of earlier rollouts (Tree-GRPO,
+        `stepcredit.train.tree`) instead of independent episodes.
     """
 
     clip_high: float | None = None
     dynamic_sampling: bool = False
+    rollout_trees: bool = False
 
 
 @dataclasses.dataclass(frozen=True)
@@ -149,6 +156,22 @@ class Estimator:
     @property
     def needs_prm(self) -> bool:
         return "prm_logp" in self.fields
+
+    @property
+    def needs_information_gain(self) -> bool:
+        """It reads the policy's belief in the ground-truth answer after each step (IGPO)."""
+        return "answer_logp" in self.fields
+
+    @property
+    def needs_progress(self) -> bool:
+        """It reads a progress estimator's step contributions (SPA)."""
+        return "progress" in self.fields
+
+    @property
+    def needs_mc_values(self) -> bool:
+        """It reads Monte Carlo state values from continuations of the batch's states
+        (VinePPO: the trainer plays them, `stepcredit.train.vine`)."""
+        return "mc_values" in self.fields
 
     @property
     def accepted(self) -> dict[str, Any]:
@@ -459,6 +482,58 @@ for _entry in (
               "over non-singleton groups, max_depth 3 and alpha 1 are as stated, not checked "
               "against the paper's formula or code",
               output_level="step", options={**_GROUPS, **_METHOD}),
+    # Tree-GRPO: GRPO within each rollout tree plus GRPO over the task's trees; its recipe
+    # plays the trees (stepcredit.train.tree) instead of independent rollouts.
+    Estimator("tree_grpo", tree_grpo, {"scores": "scores", "group_ids": "group_ids",
+                                       "tree_ids": "tree_ids"},
+              {"std": "unbiased", "eps": 1e-6, "singleton": "zero"},
+              "Tree Search for LLM Agent Reinforcement Learning (Tree-GRPO), arXiv 2509.21240; "
+              "the sum of the intra-tree and inter-tree group-normalised leaf scores as the "
+              "paper's method summary states it; unbiased std and eps 1e-6 are GRPO's as in verl "
+              "(not checked against the paper's equations or code); without tree_ids every "
+              "trajectory is its own tree and it is GRPO",
+              output_level="trajectory", optional={"tree_ids"},
+              options={**_GROUPS, "num_trees": None}, recipe=Recipe(rollout_trees=True)),
+    # SPA-RL: a progress estimator's step contributions plus a grounding bonus, through GAE.
+    Estimator("spa", spa, {"progress": "progress", "grounding": "grounding", "mask": "mask",
+                           "step_index": "step_index", "token_values": "token_values",
+                           "bootstrap_value": "bootstrap_value"},
+              {"alpha": 1.0, "beta": 0.5, "gamma": 0.99, "lam": 0.95},
+              "SPA-RL: Reinforcing LLM Agents via Stepwise Progress Attribution, arXiv "
+              "2505.20732; r_t = alpha c_t + beta g_t with alpha 1 and beta 0.5 (the grounding "
+              "value 0.5 of the authors' prm/rl_data_org.py), token-level GAE with gamma 0.99 "
+              "(their StepTool PPO config) and lam 0.95 (TRL's default), whitened over tokens "
+              "as TRL's PPO; only the abstract and the authors' code were read, not the paper's "
+              "equations",
+              output_level="token", input_level="step", whiten="tokens",
+              optional={"bootstrap_value"}, options=_METHOD),
+    # VinePPO: one-step TD errors on Monte Carlo values, i.e. step GAE with lam 0 on V_MC.
+    Estimator("vineppo", gae.step_gae, {"rewards": "step_rewards", "values": "mc_values",
+                                        "mask": "mask"},
+              {"gamma": 1.0, "lam": 0.0},
+              "VinePPO: Refining Credit Assignment in RL Training of LLMs, arXiv 2410.01679; "
+              "A_t = r_t + gamma V_MC(s_{t+1}) - V_MC(s_t) (step GAE with lam 0 on the mean "
+              "return of K continuations from each state, K 9 in the authors' configs), gamma 1 "
+              "and V_MC 0 after the last step as in the authors' code "
+              "(math_episode_generator_with_mc_advantages.py); whitened over valid steps, where "
+              "the authors' PPO trainer whitens over valid tokens (equal with one token per "
+              "action)",
+              output_level="step", whiten="steps", options=_METHOD),
+    # IGPO: the information gain of each turn and the outcome at the last, group-normalised
+    # and summed with discount from each turn on.
+    Estimator("igpo", igpo, {"information_gain": "information_gain", "scores": "scores",
+                             "group_ids": "group_ids", "mask": "mask"},
+              {"gamma": 1.0, "normalize": "joint", "order": "normalize_first", "std": "biased",
+               "eps": 1e-6},
+              "Information Gain-based Policy Optimization (IGPO), arXiv 2510.14967; the "
+              "probability gain exp(mean answer log-prob) of the paper, normalised over all turns "
+              "of the group (normalize 'joint') before the discounted sum (order "
+              "'normalize_first', the paper and the authors' code since their issue 5), gamma 1 "
+              "from the authors' scripts, the biased std and eps 1e-6 of their code; their 2026 "
+              "scripts use normalize='separate' and gain='log_probability'; read from the "
+              "abstract, secondary summaries and the code, not the paper's equations",
+              output_level="step", input_defaults={"gain": "probability"},
+              options={**_GROUPS, **_METHOD}),
     Estimator("prime", prime_advantages,
               {"token_rewards": "prime_token_rewards", "outcome_scores": "scores",
                "action_mask": "action_mask", "group_ids": "group_ids"},
