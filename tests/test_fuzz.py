@@ -41,6 +41,9 @@ FLOAT_FIELDS = {
     "prm_logp": ("prm_logp",),
     "ref_logp": ("ref_logp",),
     "base_advantages": ("advantages",),
+    "mc_values": ("values",),
+    "answer_logp": ("answer_logp", "information_gain"),
+    "progress": ("progress",),
 }
 NAMED = re.compile(r"^[\w+.]+: (\w+)[ =]")
 
@@ -99,7 +102,10 @@ def batches(draw, *, bucket=None, first_step_valid=False):
                         entropy=np.zeros(action.shape, np.float32))
     extra = {"token_values": field(action.shape, action),
              "prm_logp": field(action.shape, action, positive=True, sign=-1.0),
-             "ref_logp": field(action.shape, action, positive=True, sign=-1.0)}
+             "ref_logp": field(action.shape, action, positive=True, sign=-1.0),
+             "mc_values": field((batch, num_steps), mask),
+             "answer_logp": field((batch, num_steps), mask, positive=True, sign=-1.0),
+             "progress": field((batch, num_steps), mask), "grounding": mask.copy()}
     if draw(st.booleans()):
         extra["base_advantages"] = field(batch, ones)
     return steps, tokens, extra
