@@ -1,4 +1,4 @@
-"""IGPO (information-gain turn rewards, group-normalised and discounted) against its NumPy reference."""
+"""IGPO (information-gain turn rewards, group-normalised, discounted) against its NumPy reference."""
 
 import jax
 import jax.numpy as jnp
@@ -64,7 +64,7 @@ def test_matches_reference(normalize, order, std):
 @pytest.mark.parametrize("gain", ["probability", "log_probability"])
 def test_information_gain_matches_reference(gain):
     rng = np.random.default_rng(3)
-    _, _, _, mask = _batch(3)
+    mask = rng.random((B, T)) < 0.7  # gaps too: the gain reaches the next valid turn
     logp = np.log(rng.uniform(0.01, 1.0, size=(B, T))).astype(np.float32)
     logp[~mask] = np.nan
     _close(_gain(logp, mask, gain=gain), ref.information_gain(logp, mask, gain))
@@ -136,3 +136,5 @@ def test_bad_input_gives_clear_errors():
         igpo(gains, scores[:-1], ids, mask)
     with pytest.raises(ValueError, match="information_gain: gain='odds'"):
         information_gain(gains, mask, gain="odds")
+    with pytest.raises(ValueError, match="answer_logp holds a positive value"):
+        information_gain(np.where(mask, 0.5, np.nan).astype(np.float32), mask)

@@ -10,9 +10,10 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from stepcredit.advantages import _checks
-from stepcredit.advantages.gae import discounted_returns
+from stepcredit.advantages.gae import _next_valid, discounted_returns
 from stepcredit.advantages.group import STDS, _check_eps, _dense_ids, _normalize
 from stepcredit.advantages.mt_grpo import final_turns
 from stepcredit.advantages.recurrence import Method
@@ -26,23 +27,27 @@ def information_gain(answer_logp, mask, *, gain: str = "probability") -> jax.Arr
     """IGPO's information gain of each turn: the rise of the belief in the answer it caused.
 
         b_t      = log pi(answer | context before turn t)   (mean over the answer's tokens)
-        IG_t     = exp(b_{t+1}) - exp(b_t)        gain="probability" (the paper)
-                 = b_{t+1} - b_t                  gain="log_probability"
+        IG_t     = exp(b_t') - exp(b_t)           gain="probability" (the paper)
+                 = b_t' - b_t                     gain="log_probability"
 
-    for every valid turn t whose next turn t + 1 is valid (the context before
-    turn t + 1 is the one after turn t); the last valid turn's gain is 0
-    (IGPO rewards it by the outcome instead). exp(mean log-prob) is the
-    per-token geometric mean probability of the answer.
+    for every valid turn t before the last valid one, t' the next valid turn
+    (the context before turn t' is the one after turn t); the last valid
+    turn's gain is 0 (IGPO rewards it by the outcome instead). exp(mean
+    log-prob) is the per-token geometric mean probability of the answer.
 
     Args:
       answer_logp: `[B, T]` float, b_t: the policy's mean per-token log-prob
         of the ground-truth answer teacher-forced after turn t's prompt (b_0:
-        after the initial prompt); masked entries may hold anything.
-      mask: `[B, T]` bool, True on valid turns (a prefix of each row).
+        after the initial prompt), at most 0; masked entries may hold anything.
+      mask: `[B, T]` bool, True on valid turns.
       gain: "probability" or "log_probability".
 
     Returns:
       `[B, T]` gains, 0 at the last valid turn and at masked turns.
+
+    Raises:
+      ValueError / TypeError: wrong rank, shape, dtype or option; called
+        eagerly, a non-finite or positive log-prob at a valid turn.
 
     References:
       Wang et al., "Information Gain-based Policy Optimization: A Simple and
@@ -60,12 +65,15 @@ def information_gain(answer_logp, mask, *, gain: str = "probability") -> jax.Arr
     mask = _checks.bool_array(fn, "mask", mask, rank=2)
     _checks.same_shape(fn, "[B, T]", answer_logp=answer_logp, mask=mask)
     _checks.finite_where(fn, "answer_logp", answer_logp, mask)
+    if _checks.is_concrete(answer_logp, mask) and (np.asarray(answer_logp)[np.asarray(mask)]
+                                                   > 0).any():
+        raise ValueError(f"{fn}: answer_logp holds a positive value at a valid turn; it is a "
+                         "mean log-probability, at most 0")
     belief = jnp.where(mask, answer_logp, 0.0)
     if gain == "probability":
         belief = jnp.exp(belief)
-    following = jnp.concatenate([mask[:, 1:], jnp.zeros_like(mask[:, :1])], axis=1)
-    ahead = jnp.concatenate([belief[:, 1:], jnp.zeros_like(belief[:, :1])], axis=1)
-    return jnp.where(mask & following, ahead - belief, 0.0)
+    ahead = _next_valid(belief, mask, jnp.zeros(mask.shape[:1], belief.dtype), "sequential")
+    return jnp.where(mask & ~final_turns(mask), ahead - belief, 0.0)
 
 
 def igpo(information_gain, scores, group_ids, mask, *, gamma: float = 1.0,
@@ -100,7 +108,7 @@ def igpo(information_gain, scores, group_ids, mask, *, gamma: float = 1.0,
         at masked turns is ignored (may be NaN).
       scores: `[B]` outcome score s_i of each trajectory.
       group_ids: `[B]` int task group; arbitrary unless `num_groups` is given.
-      mask: `[B, T]` bool, True on valid turns (a prefix of each row).
+      mask: `[B, T]` bool, True on valid turns.
       gamma: turn discount in [0, 1] (1: the authors' scripts).
       normalize: "joint" (all turns together, the paper and the authors'
         default) or "separate".

@@ -1,10 +1,10 @@
-"""NumPy loop references for IGPO (arXiv 2510.14967): information gain and turn advantages (float64)."""
+"""NumPy loop references for IGPO (arXiv 2510.14967): information gain and turn advantages."""
 
 import numpy as np
 
 
 def information_gain(answer_logp, mask, gain="probability"):
-    """IG_t = P_{t+1} - P_t with P_t = exp(mean answer log-prob before turn t) (or the log-probs)."""
+    """IG_t = P_{t+1} - P_t, P_t = exp(mean answer log-prob before turn t) (or the log-probs)."""
     logp = np.asarray(answer_logp, np.float64)
     mask = np.asarray(mask, bool)
     out = np.zeros(logp.shape)
