@@ -77,6 +77,10 @@ class Trajectory:
         rollouts, `stepcredit.train.tree`: the leaves of a tree share their
         steps up to their branch points), unique within the batch; None
         makes it a tree of its own.
+      answer: the task's ground-truth answer, for information-gain credit
+        (IGPO, `stepcredit.train.information_gain`): the trainer fills it from
+        the environment's `reference_answer()`; the policy never sees it.
+        None where the task has none.
     """
 
     steps: Sequence[StepRecord]
@@ -84,6 +88,7 @@ class Trajectory:
     score: float | None = None
     bootstrap_value: float = 0.0
     tree_id: int | None = None
+    answer: str | None = None
 
 
 class StepBatch(NamedTuple):

@@ -23,7 +23,8 @@ or value read so far, yes or no), though any text is accepted.
 
 Oracle: a solution reads every supporting fact (the sentences a question's
 answer follows from) and then answers, so `oracle_distance` counts searches,
-lookups and the final `finish`.
+lookups and the final `finish`. `reference_answer()` gives the trainer the
+ground-truth answer (IGPO's information gain), never shown to the agent.
 """
 
 from __future__ import annotations
@@ -522,6 +523,26 @@ class HotpotQAEnv(SimulatorEnv):
     def oracle_distance(self) -> int:
         """The number of steps of a shortest solution from the current state."""
         return len(self.oracle_actions())
+
+    # --- ground truth for the trainer ------------------------------------------
+    answer_action = "finish[{}]"
+    """The action that answers with `answer_action.format(answer)`."""
+
+    def reference_answer(self) -> str:
+        """The current task's ground-truth answer, as `finish[...]` spells it (title case).
+
+        For information-gain credit (IGPO, `stepcredit.train.information_gain`:
+        the policy's belief in this answer after each step). No observation,
+        admissible list or info carries it until the agent reads it: it is
+        answered from any state of the episode, finished ones included.
+
+        Raises:
+          RuntimeError: no episode was started.
+        """
+        if self._obs is None:
+            raise RuntimeError(f"{type(self).__name__}.reference_answer: no episode was started "
+                               "(call reset)")
+        return _title(self._question.answer)
 
 
 def _fact_keyword(entity: _Entity, i: int) -> str:
