@@ -22,6 +22,9 @@ class TrainState:
         PRM log-probs; None otherwise.
       prm_opt: the PRM optimizer's state, with `prm`.
       reference: the KL reference policy's parameters, when the KL term is on.
+      progress: SPA's progress estimator's parameters, for estimators that read
+        progress contributions; None otherwise.
+      progress_opt: the progress estimator's optimizer state, with `progress`.
     """
 
     policy: Any
@@ -32,6 +35,8 @@ class TrainState:
     prm: Any = None
     prm_opt: Any = None
     reference: Any = None
+    progress: Any = None
+    progress_opt: Any = None
 
     def replace(self, **changes: Any) -> "TrainState":
         return dataclasses.replace(self, **changes)

@@ -145,6 +145,9 @@ def supervised_warm_start(state: TrainState, parts: Parts,
     if state.prm is not None:
         prm = jax.tree.map(jnp.copy, policy)
         state = state.replace(prm=prm, prm_opt=parts.prm_tx.init(prm))
+    if state.progress is not None:
+        progress = jax.tree.map(jnp.copy, policy)
+        state = state.replace(progress=progress, progress_opt=parts.progress_tx.init(progress))
     return state, {"warm_start/loss_first": losses_seen[0], "warm_start/loss_last": losses_seen[-1],
                    "warm_start/demonstration_rows": float(rows.valid.sum()),
                    "time/warm_start": time.perf_counter() - tick}
