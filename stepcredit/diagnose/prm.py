@@ -34,8 +34,9 @@ from stepcredit.models.transformer import count_params
 from stepcredit.prompts import PromptTooLongError, build_step_prompt
 from stepcredit.rollout import RolloutConfig, action_ids, history_action, step_prompt
 from stepcredit.train import update
-from stepcredit.train.build import build, with_fitted_prompt_budget
+from stepcredit.train.build import Parts, build, with_fitted_prompt_budget
 from stepcredit.train.config import TrainConfig
+from stepcredit.train.state import TrainState
 from stepcredit.train.rows import (ROW_WIDTH_QUANTUM, RowIndex, StepRowBatch, build_rows,
                                    tokens_from_rows)
 
@@ -167,77 +168,137 @@ def fit_prm(episodes: Sequence[Episode], *, env_name: str, steps: int = 20, seed
     config = TrainConfig(env=env_name, estimator="istar", estimator_config=(("beta", beta),),
                          seed=seed, d_model=d_model, num_layers=num_layers, num_heads=num_heads,
                          prm_learning_rate=learning_rate, rollout=rollout or RolloutConfig())
-    if rollout is None:
-        config = with_fitted_prompt_budget(config)
-    parts, state = build(config)
-    rollout = parts.config.rollout
-    admissible = _admissible_actions(episodes, env_name, env_kwargs, rollout)
-    trajectories, overlong = _trajectories(episodes, admissible, parts.tokenizer, rollout)
-    group_ids = stack(episodes).group_ids
+    fitting = prepare_fitting(episodes, config, env_kwargs=env_kwargs,
+                              fit_budget=rollout is None,
+                              trajectories_per_step=trajectories_per_step)
+    parts, state, step_index = fitting.parts, fitting.state, fitting.step_index
     success = np.array([e.score > 0 for e in episodes])
-    _, view, _ = collate(trajectories, with_observations=False)
-    step_index = view.step_index
-    members = _partition(group_ids, trajectories_per_step, np.random.default_rng([seed, 17]))
-    batches, index = _minibatches(trajectories, members, group_ids, success,
-                                  parts.tokenizer.special.pad, step_index.shape[1])
     loss = parts.config.loss
-    width = max(loss.action_width or 1, max(len(s.action_ids) for t in trajectories
+    width = max(loss.action_width or 1, max(len(s.action_ids) for t in fitting.trajectories
                                             for s in t.steps))
     static = dict(graphdef=parts.graphdef, width=width, choice_markers=loss.choice_markers)
     temperature = jnp.float32(loss.temperature)
 
-    ref = [_logprobs(state.policy, b, temperature, **static) for b in batches]
+    ref = [_logprobs(state.policy, b, temperature, **static) for b in fitting.batches]
     prm, opt_state, losses = state.prm, state.prm_opt, []
-    order = np.random.default_rng([seed, 19])
-    schedule: list[int] = []
-    while len(schedule) < steps:
-        schedule += order.permutation(len(batches)).tolist()
-    for k in tqdm(schedule[:steps], desc=f"{env_name}: PRM steps", disable=not progress,
-                  leave=False):
-        prm, opt_state, step_loss = _prm_step(prm, opt_state, batches[k], ref[k],
+    for k in tqdm(step_schedule(len(fitting.batches), steps, seed),
+                  desc=f"{env_name}: PRM steps", disable=not progress, leave=False):
+        prm, opt_state, step_loss = _prm_step(prm, opt_state, fitting.batches[k], ref[k],
                                               jnp.float32(beta), temperature, tx=parts.prm_tx,
                                               **static)
         losses.append(step_loss)
-    scored = [_logprobs(prm, b, temperature, **static) for b in batches] if steps else ref
-    prm_logp = _gather(scored, index, step_index.shape)
-    ref_logp = _gather(ref, index, step_index.shape)
+    scored = ([_logprobs(prm, b, temperature, **static) for b in fitting.batches] if steps
+              else ref)
+    prm_logp = _gather(scored, fitting.members, step_index.shape)
+    ref_logp = _gather(ref, fitting.members, step_index.shape)
     losses = [float(x) for x in jax.device_get(losses)]
     final, metrics = adv.trajectory_preference_loss(
-        prm_logp, ref_logp, step_index >= 0, step_index, success, group_ids, beta=beta)
+        prm_logp, ref_logp, step_index >= 0, step_index, success, fitting.group_ids, beta=beta)
     seconds = time.perf_counter() - tick
-    rows = sum(len(t.steps) for t in trajectories)
     description = (
-        f"PRM: small transformer (d={d_model}, L={num_layers}, "
-        f"{count_params(state.policy) / 1e3:.0f}k params), {steps} Adam steps at lr "
-        f"{learning_rate:g} on {len(batches)} minibatch(es) of whole groups, beta {beta:g}, "
-        f"on {len(episodes)} trajectories ({rows} step rows, prompts <= "
-        f"{rollout.max_prompt_tokens} tokens{f', {overlong} over budget' if overlong else ''}); "
-        f"success: score > 0; preference loss {np.log(2):.3f} -> {float(final):.3f} over "
-        f"{int(metrics['num_pairs'])} pairs (accuracy {float(metrics['accuracy']):.2f}); "
+        f"PRM: {describe_fitting(fitting, steps=steps, learning_rate=learning_rate)}, beta "
+        f"{beta:g}; success: score > 0; preference loss {np.log(2):.3f} -> {float(final):.3f} "
+        f"over {int(metrics['num_pairs'])} pairs (accuracy {float(metrics['accuracy']):.2f}); "
         f"{seconds:.1f} s")
     return PRMInputs(step_index.astype(np.int32), prm_logp, ref_logp, seconds, description,
                      tuple(losses))
 
 
-def _check_arguments(episodes, env_name, steps, beta, learning_rate, trajectories_per_step):
+class Fitting(NamedTuple):
+    """Episodes made ready for a model fitted on them (the PRM, SPA's progress estimator).
+
+    Attributes:
+      parts, state: the run `build` makes of the fitting's `TrainConfig`.
+      trajectories: the episodes as trainer records (the trainer's prompt and
+        action ids), and `overlong` how many prompts exceeded the budget.
+      group_ids: `[B]` the episodes' groups.
+      step_index: `[B, N]` the step of each action token of the token view
+        (step after step), -1 on padding.
+      batches: minibatches of whole groups, all of one shape (`_Arrays`).
+      members: the episodes each minibatch holds, in its row order.
+    """
+
+    parts: Parts
+    state: TrainState
+    trajectories: list[Trajectory]
+    overlong: int
+    group_ids: np.ndarray
+    step_index: np.ndarray
+    batches: list[_Arrays]
+    members: list[np.ndarray]
+
+
+def prepare_fitting(episodes: Sequence[Episode], config: TrainConfig, *,
+                    env_kwargs: Mapping[str, Any] | None, fit_budget: bool,
+                    trajectories_per_step: int | None) -> Fitting:
+    """Builds `config`'s run (with the trainer's fitted prompt budget when `fit_budget`),
+    tokenises the episodes as it would and cuts them into minibatches of whole groups
+    (about `trajectories_per_step` trajectories each, None: one), ordered by `config.seed`."""
+    if fit_budget:
+        config = with_fitted_prompt_budget(config)
+    parts, state = build(config)
+    rollout = parts.config.rollout
+    admissible = _admissible_actions(episodes, config.env, env_kwargs, rollout)
+    trajectories, overlong = _trajectories(episodes, admissible, parts.tokenizer, rollout)
+    group_ids = stack(episodes).group_ids
+    success = np.array([e.score > 0 for e in episodes])
+    _, view, _ = collate(trajectories, with_observations=False)
+    members = _partition(group_ids, trajectories_per_step,
+                         np.random.default_rng([config.seed, 17]))
+    batches, members = _minibatches(trajectories, members, group_ids, success,
+                                    parts.tokenizer.special.pad, view.step_index.shape[1])
+    return Fitting(parts, state, trajectories, overlong, group_ids, view.step_index, batches,
+                   members)
+
+
+def step_schedule(num_batches: int, steps: int, seed: int) -> list[int]:
+    """The minibatch of each of `steps` optimizer steps: seeded passes over all of them."""
+    order, schedule = np.random.default_rng([seed, 19]), []
+    while len(schedule) < steps:
+        schedule += order.permutation(num_batches).tolist()
+    return schedule[:steps]
+
+
+def describe_fitting(fitting: Fitting, *, steps: int, learning_rate: float) -> str:
+    """The model and data of a fitting in words, for the report."""
+    config = fitting.parts.config
+    rows = sum(len(t.steps) for t in fitting.trajectories)
+    overlong = f", {fitting.overlong} over budget" if fitting.overlong else ""
+    return (f"small transformer (d={config.d_model}, L={config.num_layers}, "
+            f"{count_params(fitting.state.policy) / 1e3:.0f}k params), {steps} Adam steps at lr "
+            f"{learning_rate:g} on {len(fitting.batches)} minibatch(es) of whole groups, on "
+            f"{len(fitting.trajectories)} trajectories ({rows} step rows, prompts <= "
+            f"{config.rollout.max_prompt_tokens} tokens{overlong})")
+
+
+def check_episodes(fn: str, episodes: Sequence[Episode], env_name: str, *, steps: int,
+                   learning_rate: float, trajectories_per_step: int | None) -> None:
+    """Raises `ValueError`, naming `fn`, for episodes or fitting settings it cannot use."""
     if len(episodes) == 0:
-        raise ValueError("fit_prm: episodes is empty; need at least one episode")
+        raise ValueError(f"{fn}: episodes is empty; need at least one episode")
     for i, e in enumerate(episodes):
         if e.length == 0:
-            raise ValueError(f"fit_prm: episodes[{i}] (task {e.task}) has no steps")
+            raise ValueError(f"{fn}: episodes[{i}] (task {e.task}) has no steps")
         if len(e.observations) != e.length:
-            raise ValueError(f"fit_prm: episodes[{i}] has {len(e.observations)} observations "
+            raise ValueError(f"{fn}: episodes[{i}] has {len(e.observations)} observations "
                              f"but {e.length} actions; they must match")
         if e.env != env_name:
-            raise ValueError(f"fit_prm: episodes[{i}] was played on {e.env!r}, not env_name "
+            raise ValueError(f"{fn}: episodes[{i}] was played on {e.env!r}, not env_name "
                              f"{env_name!r}")
     if steps < 0:
-        raise ValueError(f"fit_prm: steps={steps}; it must be >= 0")
-    if not beta > 0 or not learning_rate > 0:
-        raise ValueError(f"fit_prm: beta={beta} and learning_rate={learning_rate} must be > 0")
+        raise ValueError(f"{fn}: steps={steps}; it must be >= 0")
+    if not learning_rate > 0:
+        raise ValueError(f"{fn}: learning_rate={learning_rate}; it must be > 0")
     if trajectories_per_step is not None and trajectories_per_step < 1:
-        raise ValueError(f"fit_prm: trajectories_per_step={trajectories_per_step}; it must be "
+        raise ValueError(f"{fn}: trajectories_per_step={trajectories_per_step}; it must be "
                          ">= 1 or None")
+
+
+def _check_arguments(episodes, env_name, steps, beta, learning_rate, trajectories_per_step):
+    check_episodes("fit_prm", episodes, env_name, steps=steps, learning_rate=learning_rate,
+                   trajectories_per_step=trajectories_per_step)
+    if not beta > 0:
+        raise ValueError(f"fit_prm: beta={beta}; it must be > 0")
 
 
 def _admissible_actions(episodes, env_name, env_kwargs, rollout: RolloutConfig):
