@@ -20,7 +20,8 @@ _spa = jax.jit(spa, static_argnames=("method",))
 
 def _close(actual, expected, tol=1e-5):
     actual, expected = np.asarray(actual, np.float64), np.asarray(expected, np.float64)
-    np.testing.assert_allclose(actual, expected, rtol=tol, atol=tol * max(1.0, np.abs(expected).max()))
+    scale = max(1.0, np.abs(expected).max())
+    np.testing.assert_allclose(actual, expected, rtol=tol, atol=tol * scale)
 
 
 def _batch(seed):
@@ -91,7 +92,8 @@ def test_without_grounding_it_is_token_gae_on_the_contributions():
 @given(outcome=st.floats(-2.0, 2.0), length=st.integers(1, T), seed=st.integers(0, 2**16))
 def test_contributions_summing_to_the_outcome(outcome, length, seed):
     """gamma = lam = 1, V = 0, no grounding: step t's credit is the sum of the contributions
-    from t on, so the first step gets the outcome; uniform contributions R / T give R (T - t) / T."""
+    from t on, so the first step gets the outcome; uniform contributions R / T give
+    R (T - t) / T."""
     mask = np.zeros((1, T), bool)
     mask[0, :length] = True
     step_index = np.where(np.arange(T) < length, np.arange(T), -1)[None].astype(np.int32)
