@@ -9,7 +9,9 @@ import numpy as np
 
 from stepcredit.envs.pool import EnvPool
 from stepcredit.rollout import Rollout, collect
+from stepcredit.train import information_gain, vine
 from stepcredit.train.build import Parts, make_env
+from stepcredit.train.tree import TreeShape, collect_trees, require_snapshots
 
 # Dynamic sampling plays at most this many extra rounds of tasks to fill a batch.
 MAX_REFILL_ROUNDS = 3
@@ -28,6 +30,17 @@ class Collector:
         self.parts = parts
         self.config = parts.config
         self.process_index = process_index
+        self.trees = None  # Tree-GRPO's recipe: each task's rollouts are a forest
+        if parts.estimator.recipe.rollout_trees:
+            c = self.config
+            self.trees = TreeShape(c.tree_count, c.tree_branches, c.tree_rounds, c.tree_branching)
+            env = make_env(c, "train")
+            try:
+                require_snapshots(env)
+            finally:
+                env.close()
+        if parts.estimator.needs_mc_values:
+            vine.check_snapshots(self.config)
 
     def tasks(self, iteration: int, round_: int = 0) -> list[int]:
         """The training tasks of an iteration: a fixed function of (seed, iteration, round)."""
@@ -38,12 +51,23 @@ class Collector:
             self.parts.num_train_tasks, self.config.tasks_per_iteration, replace=False).tolist()
 
     def rollout(self, policy, tasks: list[int], key: jax.Array, limit: int) -> Rollout:
-        """Plays each task `group_size` times at the step limit `limit`."""
+        """Plays each task `group_size` times at the step limit `limit` (with, for
+        estimators that read them, each step's Monte Carlo value: `vine.with_mc_values`), or,
+        under the estimator's tree recipe, as a forest of trees (`tree.collect_trees`)."""
         config = self.config
+        if self.trees is not None:
+            return collect_trees(self.parts.graphdef, policy,
+                                 lambda: make_env(config, "train", limit), tasks, self.trees,
+                                 self.parts.tokenizer, key, config.rollout)
         envs = [make_env(config, "train", limit) for _ in range(len(tasks) * config.group_size)]
         with EnvPool(envs) as pool:
-            return collect(self.parts.graphdef, policy, pool, tasks, config.group_size,
-                           self.parts.tokenizer, key, config.rollout)
+            rollout = collect(self.parts.graphdef, policy, pool, tasks, config.group_size,
+                              self.parts.tokenizer, key, config.rollout)
+            if self.parts.estimator.needs_information_gain:  # IGPO: each task's answer
+                rollout = information_gain.with_answers(rollout, pool.envs)
+        if self.parts.estimator.needs_mc_values:
+            rollout = vine.with_mc_values(self.parts, policy, rollout, tasks, key, limit)
+        return rollout
 
     def batch(self, policy, iteration: int, key: jax.Array, limit: int) -> tuple[Rollout, dict]:
         """One iteration's batch; with dynamic sampling, groups whose scores are all

@@ -2,10 +2,12 @@
 
 `Learner.prepare` scores the batch's step rows with the policy that sampled
 them, updates the implicit PRM when the estimator reads PRM log-probs (iStar's
-preference loss), assigns credit through the estimator's registry binding
-(`stepcredit.credit.compiled_compute_advantages`) and builds the critic
-targets; `Learner.update` runs `epochs` passes of minibatch PPO steps over the
-rows. Both are functions of a `TrainState` that return a new one.
+preference loss) and SPA's progress estimator when it reads progress
+contributions (`stepcredit.train.progress`), assigns credit through the
+estimator's registry binding (`stepcredit.credit.compiled_compute_advantages`)
+and builds the critic targets; `Learner.update` runs `epochs` passes of
+minibatch PPO steps over the rows. Both are functions of a `TrainState` that
+return a new one.
 """
 
 from __future__ import annotations
@@ -22,8 +24,8 @@ from stepcredit import advantages as adv
 from stepcredit.batch import Trajectory, collate
 from stepcredit.credit import compiled_compute_advantages
 from stepcredit.models.transformer import score_actions
-from stepcredit.train import update
-from stepcredit.train.build import Parts
+from stepcredit.train import information_gain, progress, update, vine
+from stepcredit.train.build import Parts, make_env
 from stepcredit.train.curriculum import learning_rate_at
 from stepcredit.train.devices import DataParallel, max_over_processes, mean_over_processes
 from stepcredit.train.rows import (RowIndex, StepRowBatch, build_rows, length_groups,
@@ -56,10 +58,20 @@ class Learner:
         self.multiprocess = multiprocess
         self.row_length = (self.config.rollout.max_prompt_tokens
                            + self.config.rollout.action_length)
+        # IGPO: the answer action's ids before the answer (None: the env has no answers).
+        self.answer_prefix = None
+        if parts.estimator.needs_information_gain:
+            env = make_env(self.config, "train")
+            try:
+                self.answer_prefix = information_gain.answer_prefix(
+                    env, parts.tokenizer, self.config.rollout.action_format)
+            finally:
+                env.close()
 
     # ------------------------------------------------------------------ scoring
-    def score(self, params, rows: StepRowBatch):
-        """Scores all rows in minibatch-sized chunks of similar length (`length_groups`)."""
+    def score(self, params, rows: StepRowBatch, *, width: int | None = None):
+        """Scores all rows in minibatch-sized chunks of similar length (`length_groups`), at
+        their first `width` action tokens (the longest action by default)."""
         loss = self.config.loss
         full = rows.tokens.shape[1]
         parts, order = [], []
@@ -68,7 +80,8 @@ class Learner:
             scores = update.score(params, rows.tokens[chunk, :width], rows.mask[chunk, :width],
                                   rows.action_mask[chunk, :width], jnp.float32(loss.temperature),
                                   graphdef=self.parts.graphdef,
-                                  choice_markers=loss.choice_markers, width=loss.action_width)
+                                  choice_markers=loss.choice_markers,
+                                  width=width or loss.action_width)
             parts.append(jax.tree.map(lambda x: jnp.pad(x, ((0, 0), (0, full - width))), scores))
             order.append(chunk)
         inverse = np.argsort(np.concatenate(order))
@@ -112,6 +125,56 @@ class Learner:
         out = {"prm/loss": float(loss), **{f"prm/{k}": float(v) for k, v in metrics.items()}}
         return state, (before if self.config.prm_rewards_from == "pre_update_prm" else after), out
 
+    def update_progress(self, state: TrainState, rows: StepRowBatch, index: RowIndex, tokens,
+                        steps, trajectories: list[Trajectory]
+                        ) -> tuple[TrainState, dict, dict[str, float]]:
+        """`progress_steps` optimizer steps of SPA's progress estimator on the batch.
+
+        Returns the new state, the credit inputs `progress` (`[B, T]`
+        contributions after the steps, the paper's order: the estimator is
+        trained, then annotates) and `grounding`, and metrics: the loss before
+        the first step and after the last, and the time.
+        """
+        tick = time.perf_counter()
+        batch = progress.ProgressBatch(
+            tokens=jnp.asarray(rows.tokens), mask=jnp.asarray(rows.mask),
+            action_mask=jnp.asarray(rows.action_mask), index_b=jnp.asarray(index.b),
+            index_n=jnp.asarray(index.n), step_index=jnp.asarray(tokens.step_index),
+            step_mask=jnp.asarray(steps.mask), outcomes=jnp.asarray(steps.score))
+        params, opt_state, losses = state.progress, state.progress_opt, []
+        for _ in range(self.config.progress_steps):
+            loss, grads = progress.loss_and_grad(params, batch, graphdef=self.parts.graphdef)
+            if self.multiprocess:
+                grads = mean_over_processes(grads)
+            params, opt_state = progress.apply_gradient(params, opt_state, grads,
+                                                        tx=self.parts.progress_tx)
+            losses.append(float(loss))
+        contributions = progress.contributions(params, batch, graphdef=self.parts.graphdef)
+        after = float(adv.progress_loss(contributions, batch.step_mask, batch.outcomes))
+        inputs = {"progress": contributions,
+                  "grounding": progress.grounding_signal(trajectories, steps.mask.shape[1])}
+        return state.replace(progress=params, progress_opt=opt_state), inputs, {
+            "progress/loss": losses[0] if losses else after, "progress/loss_after": after,
+            "time/progress": time.perf_counter() - tick}
+
+    def answer_beliefs(self, state: TrainState, trajectories: list[Trajectory], steps,
+                       limit: int) -> tuple[np.ndarray, dict[str, float]]:
+        """IGPO's `[B, T]` beliefs b_t in each trajectory's answer after each step's prompt,
+        under the policy that sampled the batch (`information_gain.answer_logprobs`), and
+        metrics: the mean information gain over the steps it rewards, and the time."""
+        tick = time.perf_counter()
+        beliefs = information_gain.answer_logprobs(
+            self.score, state.policy, trajectories, self.answer_prefix, self.parts.tokenizer,
+            num_steps=limit, multiple=self.config.minibatch_rows)
+        mask = np.asarray(steps.mask)
+        rewarded = mask & np.concatenate([mask[:, 1:], np.zeros_like(mask[:, :1])], axis=1)
+        gain_mean = 0.0  # no answers (all beliefs 0) or no step before a last one: no gain
+        if beliefs.any() and rewarded.any():
+            gains = adv.information_gain(beliefs, mask, gain=self.estimator_config["gain"])
+            gain_mean = float(np.asarray(gains)[rewarded].mean())
+        return beliefs, {"igpo/gain_mean": gain_mean,
+                         "time/information_gain": time.perf_counter() - tick}
+
     # ------------------------------------------------------------------- credit
     def prepare(self, state: TrainState, trajectories: list[Trajectory],
                 limit: int) -> tuple[TrainState, Prepared]:
@@ -133,12 +196,24 @@ class Learner:
                                                            shape)
             metrics.update(prm_metrics)
         score_seconds = time.perf_counter() - tick
+        progress_inputs = {}
+        if self.parts.estimator.needs_progress:
+            state, progress_inputs, progress_metrics = self.update_progress(
+                state, rows, index, tokens, steps, trajectories)
+            metrics.update(progress_metrics)
+        answer_logp = None
+        if self.parts.estimator.needs_information_gain:
+            answer_logp, gain_metrics = self.answer_beliefs(state, trajectories, steps, limit)
+            metrics.update(gain_metrics)
 
         tick = time.perf_counter()
         token_values = tokens_from_rows(old.values, index, rows.action_mask, shape)
+        mc_values = (vine.mc_value_array(trajectories, limit)
+                     if self.parts.estimator.needs_mc_values else None)
         credit = compiled_compute_advantages(
             steps, tokens, config.estimator, token_values=token_values, prm_logp=prm_logp,
-            ref_logp=tokens.logp, **self.estimator_config)
+            ref_logp=tokens.logp, mc_values=mc_values, answer_logp=answer_logp,
+            **progress_inputs, **self.estimator_config)
         advantages = rows_from_tokens(credit.token_advantages, index, rows.action_mask)
         returns, value_mask = self._value_targets(credit, rows, index)
         jax.block_until_ready(advantages)

@@ -32,7 +32,7 @@ from typing import Callable
 import jax
 import jax.numpy as jnp
 
-from stepcredit.train import asynchronous
+from stepcredit.train import asynchronous, information_gain
 from stepcredit.train.build import build, make_env
 from stepcredit.train.checkpoint import Checkpointer
 from stepcredit.train.collection import Collector
@@ -109,6 +109,8 @@ class Trainer:
         self.collector = Collector(self.parts, process_index=self.process_index
                                    if self.multiprocess else None)
         self.learner = Learner(self.parts, data_parallel, multiprocess=self.multiprocess)
+        if self.parts.estimator.needs_information_gain and self.learner.answer_prefix is None:
+            self.log(information_gain.no_answer_warning(self.config.env, self.config.estimator))
         # Orbax refuses a manager in a process that takes no part in saving.
         self.checkpointer = (Checkpointer(os.path.join(self.config.logdir, "checkpoints"),
                                           primary_only=self.multiprocess)
