@@ -19,9 +19,11 @@ Notes:
   before RL (one epoch, lr 3e-6, the authors' `train_our_progress_model.py`)
   and freezes it; the trainer instead trains it online, `progress_steps`
   full-batch steps on each iteration's trajectories before the credit is
-  computed. The authors' head is a linear map of the language-model logits
-  at the turn's last token; here it is the transformer's value head on its
-  final hidden state.
+  computed. Its head: a light MLP on the LLM's last hidden state in the
+  paper (as a secondary summary reports it; only the abstract was read here),
+  a linear map of the language-model logits at the turn's last token in the
+  authors' code, and here the transformer's value head (linear) on its final
+  hidden state.
 """
 
 from __future__ import annotations
