@@ -26,6 +26,7 @@ from stepcredit.rollout import choice_markers
 from stepcredit.train import update
 from stepcredit.train.config import TrainConfig
 from stepcredit.train.state import TrainState
+from stepcredit.train.tree import TreeShape
 
 # The critic's weight when an estimator reads critic values and none is given (PPO's 0.5).
 DEFAULT_VALUE_COEF = 0.5
@@ -109,8 +110,18 @@ def resolve(config: TrainConfig, tokenizer: WordTokenizer | None = None) -> Trai
         action_width=config.rollout.action_length)
     dynamic_sampling = (entry.recipe.dynamic_sampling if config.dynamic_sampling is None
                         else config.dynamic_sampling)
+    trees = {}
+    if entry.recipe.rollout_trees:  # the forest's derived sizes, written out
+        if dynamic_sampling:
+            raise ValueError(f"TrainConfig: dynamic sampling refills groups of group_size "
+                             f"rollouts; {config.estimator!r} plays trees, which it cannot refill")
+        shape = TreeShape.for_group_size(config.group_size, trees=config.tree_count,
+                                         branches=config.tree_branches,
+                                         rounds=config.tree_rounds,
+                                         branching=config.tree_branching)
+        trees = {"tree_count": shape.trees, "tree_branches": shape.branches}
     return dataclasses.replace(config, estimator_config=tuple(sorted(estimator_config.items())),
-                               loss=loss, dynamic_sampling=dynamic_sampling)
+                               loss=loss, dynamic_sampling=dynamic_sampling, **trees)
 
 
 class Parts(NamedTuple):
@@ -124,6 +135,7 @@ class Parts(NamedTuple):
       graphdef: the policy's static graph (`nnx.split`).
       tx: the policy's optimizer.
       prm_tx: the implicit PRM's optimizer, or None.
+      progress_tx: SPA's progress estimator's optimizer, or None.
       num_train_tasks: tasks in the training split.
       default_max_steps: the episode step limit when no curriculum stage sets one.
     """
@@ -137,10 +149,16 @@ class Parts(NamedTuple):
     prm_tx: optax.GradientTransformation | None
     num_train_tasks: int
     default_max_steps: int
+    progress_tx: optax.GradientTransformation | None = None
 
 
 def prm_optimizer(config: TrainConfig) -> optax.GradientTransformation:
     return update.make_optimizer(learning_rate=config.prm_learning_rate, weight_decay=0.0,
+                                 grad_clip=10.0)
+
+
+def progress_optimizer(config: TrainConfig) -> optax.GradientTransformation:
+    return update.make_optimizer(learning_rate=config.progress_learning_rate, weight_decay=0.0,
                                  grad_clip=10.0)
 
 
@@ -154,6 +172,7 @@ def build(config: TrainConfig) -> tuple[Parts, TrainState]:
     tx = update.make_optimizer(learning_rate=config.learning_rate,
                                weight_decay=config.weight_decay, grad_clip=config.grad_clip)
     prm_tx = prm_optimizer(config) if estimator.needs_prm else None
+    progress_tx = progress_optimizer(config) if estimator.needs_progress else None
     env = make_env(config, "train")
     default_max_steps, num_train_tasks = config.max_steps or env.max_steps, env.num_tasks
     env.close()
@@ -162,8 +181,11 @@ def build(config: TrainConfig) -> tuple[Parts, TrainState]:
     if prm_tx is not None:  # iStar: the PRM starts as the policy
         prm = jax.tree.map(jnp.copy, policy)
         state = state.replace(prm=prm, prm_opt=prm_tx.init(prm))
+    if progress_tx is not None:  # SPA: the progress estimator starts as the policy
+        progress = jax.tree.map(jnp.copy, policy)
+        state = state.replace(progress=progress, progress_opt=progress_tx.init(progress))
     if config.loss.kl_coef:
         state = state.replace(reference=jax.tree.map(jnp.copy, policy))
     parts = Parts(config, estimator, tokenizer, model_cfg, graphdef, tx, prm_tx,
-                  num_train_tasks, default_max_steps)
+                  num_train_tasks, default_max_steps, progress_tx=progress_tx)
     return parts, state

@@ -56,6 +56,10 @@ class TrainConfig:
         authors' code). Its beta is the estimator's hyperparameter `beta`
         (0.05, the authors' scripts), which scales both the preference loss
         and the implicit rewards.
+      progress_learning_rate, progress_steps: SPA's progress estimator
+        (`stepcredit.train.progress`): its learning rate and the full-batch
+        optimizer steps it takes on each iteration's trajectories before the
+        credit is computed (the paper trains it offline once, before RL).
       dynamic_sampling: drop groups whose scores are all equal and refill the
         batch with new tasks (DAPO, arXiv 2503.14476); None follows the
         estimator's recipe (on for "dapo+empg").
@@ -77,6 +81,17 @@ class TrainConfig:
         iterations) exceeds `max_staleness` is dropped and counted.
       num_devices: devices of the data-parallel update (0: all local devices);
         `minibatch_rows` must be a multiple of it.
+      vine_rollouts: K, the continuations played from every visited state for
+        the Monte Carlo values of estimators that read them (VinePPO: 9, the
+        authors' configs; `stepcredit.train.vine`).
+      tree_count, tree_branches, tree_rounds, tree_branching: the rollout
+        forest of estimators whose recipe plays trees (Tree-GRPO,
+        `stepcredit.train.tree`): M trees per task, N nodes expanded per tree
+        in each of L rounds (so M (1 + L N) leaves per task), chosen at random
+        (the paper) or at the highest-entropy steps ("entropy", ARPO); 0 for M
+        or N derives them from `group_size` (`TreeShape.for_group_size`: the
+        leaves per task are G where that divides out; G = 8 gives M = 2,
+        N = 3, L = 1).
 
     `stepcredit.train.build.resolve` writes out every value derived from
     these (the estimator's full hyperparameters, the loss's critic weight,
@@ -113,6 +128,8 @@ class TrainConfig:
     critic_warmup_iterations: int = 0
     prm_learning_rate: float = 1e-4
     prm_rewards_from: str = "post_update_prm"
+    progress_learning_rate: float = 1e-4
+    progress_steps: int = 1
     dynamic_sampling: bool | None = None
     warm_start_steps: int = 0
     warm_start_tasks: int = 64
@@ -125,15 +142,30 @@ class TrainConfig:
     max_staleness: int = 1
     time_limit_minutes: float | None = None
     num_devices: int = 0
+    vine_rollouts: int = 9
+    tree_count: int = 0
+    tree_branches: int = 0
+    tree_rounds: int = 1
+    tree_branching: str = "random"
 
     def __post_init__(self):
         positive = {"iterations": self.iterations, "tasks_per_iteration": self.tasks_per_iteration,
                     "group_size": self.group_size, "epochs": self.epochs,
                     "minibatch_rows": self.minibatch_rows,
-                    "checkpoint_every": self.checkpoint_every}
+                    "checkpoint_every": self.checkpoint_every,
+                    "vine_rollouts": self.vine_rollouts}
         for name, value in positive.items():
             if value < 1:
                 raise ValueError(f"TrainConfig: {name}={value}; it must be >= 1")
+        if self.progress_steps < 0 or not self.progress_learning_rate > 0:
+            raise ValueError(f"TrainConfig: progress_steps={self.progress_steps} must be >= 0 "
+                             f"and progress_learning_rate={self.progress_learning_rate} > 0")
+        if min(self.tree_count, self.tree_branches, self.tree_rounds) < 0 or (
+                self.tree_branching not in ("random", "entropy")):
+            raise ValueError(f"TrainConfig: tree_count={self.tree_count}, tree_branches="
+                             f"{self.tree_branches} and tree_rounds={self.tree_rounds} must be "
+                             f">= 0 and tree_branching={self.tree_branching!r} 'random' or "
+                             "'entropy'")
         if self.target_kl is not None and not self.target_kl > 0:
             raise ValueError(f"TrainConfig: target_kl={self.target_kl}; it must be > 0 or None")
         if self.prm_rewards_from not in ("post_update_prm", "pre_update_prm"):

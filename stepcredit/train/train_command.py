@@ -69,6 +69,24 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--time-limit", type=float, default=None, metavar="MINUTES",
                         help="stop after this much wall time (warm start included), then "
                              "evaluate and checkpoint")
+    parser.add_argument("--tree-count", type=int, default=0, metavar="M",
+                        help="rollout trees per task for tree estimators (tree_grpo; 0: "
+                             "max(1, group size // 4))")
+    parser.add_argument("--tree-branches", type=int, default=0, metavar="N",
+                        help="nodes expanded per tree and round (0: so that the leaves per task "
+                             "are the group size, M (1 + L N) = G)")
+    parser.add_argument("--tree-rounds", type=int, default=1, metavar="L",
+                        help="rounds of tree expansion")
+    parser.add_argument("--tree-branching", choices=("random", "entropy"), default="random",
+                        help="which nodes a tree expands: at random (Tree-GRPO) or the "
+                             "highest-entropy steps (ARPO)")
+    parser.add_argument("--vine-rollouts", type=int, default=9, metavar="K",
+                        help="continuations from every visited state for Monte Carlo values "
+                             "(vineppo; 9 in the VinePPO authors' configs)")
+    parser.add_argument("--progress-learning-rate", type=float, default=1e-4,
+                        help="learning rate of SPA's progress estimator (estimator spa)")
+    parser.add_argument("--progress-steps", type=int, default=1,
+                        help="optimizer steps of SPA's progress estimator per iteration")
     parser.add_argument("--devices", type=int, default=0,
                         help="devices of the data-parallel update (0: all local devices)")
     parser.add_argument("--learning-rate", type=float, default=3e-4,
@@ -145,7 +163,11 @@ def config_from_args(args: argparse.Namespace):
         eval_every=args.eval_every, eval_tasks=args.eval_tasks,
         checkpoint_every=args.checkpoint_every, logdir=args.logdir, async_mode=args.async_mode,
         max_staleness=args.max_staleness, time_limit_minutes=args.time_limit,
-        num_devices=args.devices, learning_rate=args.learning_rate,
+        num_devices=args.devices, vine_rollouts=args.vine_rollouts,
+        tree_count=args.tree_count, tree_branches=args.tree_branches,
+        tree_rounds=args.tree_rounds, tree_branching=args.tree_branching,
+        learning_rate=args.learning_rate, progress_learning_rate=args.progress_learning_rate,
+        progress_steps=args.progress_steps,
         learning_rate_schedule=args.lr_schedule,
         final_learning_rate_fraction=args.lr_final_fraction,
         learning_rate_warmup_iterations=args.lr_warmup, epochs=args.epochs,
