@@ -139,10 +139,11 @@ class _Recording:
     def reset(self, task: Any) -> Observation:
         if self.start is None:
             observation = self.env.reset(task)
-        else:
+            self.states = [(self.env.snapshot(), observation)]
+        else:  # snapshots are immutable: the start's own serves as the branch's first state
             self.env.restore(self.start.snapshot)
             observation = self.start.observation
-        self.states = [(self.env.snapshot(), observation)]
+            self.states = [(self.start.snapshot, observation)]
         return observation
 
     def step(self, action: str):

@@ -12,7 +12,9 @@ from stepcredit.envs import registry
 from stepcredit.keys import stable_key
 from stepcredit.models.transformer import TransformerConfig, TransformerPolicy
 from stepcredit.rollout import RolloutConfig
-from stepcredit.train.build import build_tokenizer
+from stepcredit.train.build import build, build_tokenizer, resolve
+from stepcredit.train.collection import Collector
+from stepcredit.train.config import TrainConfig
 from stepcredit.train.tree import (TreeShape, choose_nodes, collect_trees, require_snapshots,
                                    step_entropies)
 
@@ -132,3 +134,20 @@ def test_environments_without_snapshots_are_refused_in_one_line():
     with pytest.raises(ValueError, match="environment 'plainenv' has no snapshot") as raised:
         require_snapshots(Plain())
     assert "\n" not in str(raised.value)
+
+
+def test_the_trainer_collects_forests_for_estimators_whose_recipe_plays_trees():
+    config = TrainConfig(env="alfworld", estimator="tree_grpo", tasks_per_iteration=2,
+                         group_size=2, max_steps=3, d_model=32, num_layers=1,
+                         rollout=RolloutConfig(max_prompt_tokens=96, max_action_tokens=6))
+    parts, state = build(config)
+    # The derived forest is written out: G = 2 leaves per task, one tree with one branch.
+    assert (parts.config.tree_count, parts.config.tree_branches, parts.config.tree_rounds) == (
+        1, 1, 1)
+    rollout, _ = Collector(parts).batch(state.policy, 0, jax.random.key(0), 3)
+    assert len(rollout.trajectories) == 2 * 2
+    assert [t.tree_id for t in rollout.trajectories] == [0, 0, 1, 1]
+    assert rollout.metrics["tree/leaves"] == 2 and rollout.metrics["tree/env_steps"] > 0
+    assert rollout.metrics["time/tree"] > 0
+    with pytest.raises(ValueError, match="dynamic sampling refills groups"):
+        resolve(dataclasses.replace(config, dynamic_sampling=True))
