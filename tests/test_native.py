@@ -198,3 +198,44 @@ def test_unwritable_cache_is_a_clear_error(fresh_cache, monkeypatch):
     monkeypatch.setenv("STEPCREDIT_NATIVE_CACHE", str(fresh_cache / "a-file" / "native"))
     with pytest.raises(native.NativeBuildError, match="cannot write to the kernel cache"):
         native.library_path()
+
+
+def same_partition(a, b) -> bool:
+    """Whether two id arrays put the same positions together."""
+    a, b = np.asarray(a).ravel(), np.asarray(b).ravel()
+    return len(set(zip(a.tolist(), b.tolist()))) == len(set(a.tolist())) == len(set(b.tolist()))
+
+
+def test_pair_ids_are_dense_and_group_exactly_the_equal_pairs():
+    rng = np.random.default_rng(0)
+    extremes = np.array([np.iinfo(np.int32).min, -1, 0, 1, np.iinfo(np.int32).max], np.int32)
+    first = np.concatenate([rng.integers(0, 7, 3000), rng.choice(extremes, 500)]).astype(np.int32)
+    second = np.concatenate([rng.integers(-3, 40, 3000), rng.choice(extremes, 500)]).astype(np.int32)
+    ids = np.asarray(jax.jit(native.pair_ids)(first, second))
+    _, expected = np.unique(np.stack([first, second], 1), axis=0, return_inverse=True)
+    assert same_partition(ids, expected)
+    assert sorted(set(ids.tolist())) == list(range(int(expected.max()) + 1))
+    assert ids[0] == 0  # numbered by first occurrence
+    batched = jax.vmap(native.pair_ids)(np.stack([first, second]), np.stack([second, first]))
+    np.testing.assert_array_equal(batched[0], ids)
+    assert jax.jit(native.pair_ids)(first[:0], second[:0]).shape == (0,)
+
+
+def test_gigpo_step_groups_use_the_kernel_on_cpu_and_the_sort_elsewhere(monkeypatch):
+    from stepcredit.advantages.gigpo import _pair_ids, _sorted_pair_ids
+
+    rng = np.random.default_rng(1)
+    first, second = (rng.integers(0, 5, 64).astype(np.int32) for _ in range(2))
+    allow = [jax.export.DisabledSafetyCheck.custom_call(native._PAIR_TARGET)]
+
+    def lowered(platform):
+        return jax.export.export(jax.jit(_pair_ids), platforms=[platform],
+                                 disabled_checks=allow)(first, second).mlir_module()
+
+    assert native._PAIR_TARGET in lowered("cpu")
+    assert native._PAIR_TARGET not in lowered("cuda")
+    assert same_partition(jax.jit(_pair_ids)(first, second), _sorted_pair_ids(first, second))
+    monkeypatch.setattr(native, "build_error", lambda: "no compiler here")
+    retraced = lambda first, second: _pair_ids(first, second)  # noqa: E731 (a fresh trace)
+    assert native._PAIR_TARGET not in lowered_text(retraced, first, second)
+    assert same_partition(jax.jit(retraced)(first, second), _sorted_pair_ids(first, second))

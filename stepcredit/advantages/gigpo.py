@@ -4,8 +4,9 @@ Trajectories of one task form an episode group; inside it, the steps taken
 from the same environment state (the same anchor) form a step group, whose
 discounted returns are compared with each other. Anchors are dense int32 ids
 per batch (see `stepcredit.anchors`, which hashes raw observations on the
-host). Step groups are built with static shapes: a lexicographic sort of the
-(group, anchor) pairs of all B * T positions, so everything compiles.
+host). Step groups are built with static shapes: dense ids of the (group,
+anchor) pairs of all B * T positions (a hash table compiled for CPU, a
+lexicographic sort elsewhere), so everything compiles.
 """
 
 from __future__ import annotations
@@ -14,14 +15,28 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from stepcredit.advantages import _checks
+from stepcredit.advantages import _checks, native
 from stepcredit.advantages.group import (SINGLETONS, STDS, _check_eps, _check_option, _dense_ids,
                                          _normalize)
 from stepcredit.advantages.recurrence import Method, reverse_linear_recurrence
 
 
 def _pair_ids(first: jax.Array, second: jax.Array) -> jax.Array:
-    """Dense ids of the pairs (first, second) of two flat int arrays, by a lexicographic sort."""
+    """Dense ids of the pairs (first, second) of two flat int32 arrays.
+
+    On CPU, by the compiled hash-table kernel (`native.pair_ids`) once it is
+    built; elsewhere by a lexicographic sort. The two number the pairs in
+    different orders: only which positions share an id is meaningful.
+    """
+    def on_cpu(first, second):
+        if native.build_error():
+            return _sorted_pair_ids(first, second)
+        return native.pair_ids(first, second)
+
+    return jax.lax.platform_dependent(first, second, cpu=on_cpu, default=_sorted_pair_ids)
+
+
+def _sorted_pair_ids(first: jax.Array, second: jax.Array) -> jax.Array:
     order = jnp.lexsort((second, first))
     first_sorted, second_sorted = first[order], second[order]
     starts = jnp.concatenate([jnp.ones((1,), jnp.bool_),

@@ -1,4 +1,4 @@
-"""Masked GAE as a compiled CPU kernel (an XLA FFI custom call), built on first use.
+"""Compiled CPU kernels (XLA FFI custom calls), built on first use.
 
 `masked_gae` computes exactly what `step_gae` and `token_gae` compute, in one
 pass over batch-major rows (`masked_gae.cc`): XLA:CPU runs a `lax.scan` as one
@@ -7,17 +7,20 @@ and back, which keeps the scan several times above the memory-copy floor; the
 kernel reads each input once, writes each output once and solves eight steps at
 a time in SIMD registers.
 
-The C++ source is compiled with the system compiler (`$CXX`, else `c++`) the
+`pair_ids` gives equal int32 pairs one dense id (`pair_ids.cc`, GiGPO's step
+groups): with a hash table in one pass instead of XLA:CPU's comparator sort,
+which costs over a hundred times the memory-copy floor.
+
+The C++ sources are compiled with the system compiler (`$CXX`, else `c++`) the
 first time a process uses it, against the XLA FFI headers that jaxlib ships,
 and cached under `$STEPCREDIT_NATIVE_CACHE` (default `~/.cache/stepcredit/native`),
 keyed by the source, the flags, the jax and jaxlib versions and the CPU, so a
 cached library never runs on a CPU it was not built for.
 
-The kernel is float32 and CPU-only: `step_gae(..., method="native")` lowers to it
-on CPU and to the sequential scan on other backends, for other dtypes, for gamma
-or lam traced under `jit`, and (with a warning) where the kernel cannot be built.
-It has no derivative (advantages and returns are regression and policy-gradient
-targets).
+The GAE kernel is float32 and CPU-only: `step_gae` lowers to it on CPU and to the
+sequential scan on other backends, for other dtypes, for gamma or lam traced
+under `jit`, and where the kernel cannot be built (`gae.gae_method`). It has no
+derivative (advantages and returns are regression and policy-gradient targets).
 """
 
 from __future__ import annotations
@@ -38,9 +41,12 @@ import numpy as np
 
 from stepcredit.advantages import _checks
 
-_SOURCE = os.path.join(os.path.dirname(__file__), "masked_gae.cc")
-_SYMBOL = "StepcreditMaskedGaeF32"
+_SOURCES = tuple(os.path.join(os.path.dirname(__file__), name)
+                 for name in ("masked_gae.cc", "pair_ids.cc"))
+# FFI target name -> the handler symbol in the library.
 _TARGET = "stepcredit_masked_gae_f32"
+_PAIR_TARGET = "stepcredit_pair_ids_s32"
+_SYMBOLS = {_TARGET: "StepcreditMaskedGaeF32", _PAIR_TARGET: "StepcreditPairIdsS32"}
 _FLAGS = ("-O3", "-march=native", "-std=c++17", "-shared", "-fPIC", "-w")
 
 
@@ -66,20 +72,22 @@ def _cpu_identity() -> str:
 
 @functools.cache
 def library_path() -> str:
-    """Compiles `masked_gae.cc` once per (source, flags, jax, CPU) and returns the library's path.
+    """Compiles the kernels once per (sources, flags, jax, CPU) and returns the library's path.
 
     The library is written to a temporary name and renamed into place, so a build
     interrupted halfway never leaves a broken library behind the cache key.
     """
     compiler = shlex.split(os.environ.get("CXX", "c++"))
     flags = (*_FLAGS, "-I", jax.ffi.include_dir())
-    with open(_SOURCE, "rb") as f:
-        source = f.read()
+    source = b""
+    for path in _SOURCES:
+        with open(path, "rb") as f:
+            source += f.read()
     versions = (jax.__version__, importlib.metadata.version("jaxlib"))
     key = hashlib.sha256(source + repr((compiler, flags, versions,
                                         _cpu_identity())).encode()).hexdigest()[:16]
     directory = cache_dir()
-    path = os.path.join(directory, f"masked_gae-{key}.so")
+    path = os.path.join(directory, f"kernels-{key}.so")
     if os.path.exists(path):
         return path
     try:
@@ -91,7 +99,7 @@ def library_path() -> str:
     os.close(fd)
     try:
         try:
-            build = subprocess.run([*compiler, *flags, _SOURCE, "-o", partial],
+            build = subprocess.run([*compiler, *flags, *_SOURCES, "-o", partial],
                                    capture_output=True, text=True)
         except FileNotFoundError as e:
             raise NativeBuildError(
@@ -99,7 +107,7 @@ def library_path() -> str:
                 "method='sequential' computes the same without one") from e
         if build.returncode != 0:
             raise NativeBuildError(f"method='native': {shlex.join(compiler)} failed to compile "
-                                   f"{_SOURCE}:\n"
+                                   f"{' '.join(_SOURCES)}:\n"
                                    f"{build.stderr[-2000:]}")
         os.replace(partial, path)
     finally:
@@ -111,8 +119,9 @@ def library_path() -> str:
 @functools.cache
 def _register() -> None:
     library = ctypes.cdll.LoadLibrary(library_path())
-    jax.ffi.register_ffi_target(_TARGET, jax.ffi.pycapsule(getattr(library, _SYMBOL)),
-                                platform="cpu")
+    for target, symbol in _SYMBOLS.items():
+        jax.ffi.register_ffi_target(target, jax.ffi.pycapsule(getattr(library, symbol)),
+                                    platform="cpu")
 
 
 def build_error() -> str | None:
@@ -179,3 +188,26 @@ def masked_gae(rewards: jax.Array, values: jax.Array, mask: jax.Array,
     call = jax.ffi.ffi_call(_TARGET, (out, out), vmap_method="broadcast_all")
     advantages, returns = call(*operands, gamma=np.float32(gamma), lam=np.float32(lam))
     return _vary_over(advantages, varying), _vary_over(returns, varying)
+
+
+def pair_ids(first: jax.Array, second: jax.Array) -> jax.Array:
+    """Dense ids of the pairs (first[i], second[i]) by the compiled CPU kernel.
+
+    Equal pairs get equal ids, distinct pairs distinct ones, numbered 0, 1, ...
+    in the order of their first occurrence.
+
+    Args:
+      first, second: `[n]` int32.
+
+    Returns:
+      `[n]` int32 ids in [0, number of distinct pairs).
+
+    Raises:
+      NativeBuildError: the kernel could not be built.
+    """
+    _register()
+    varying = frozenset().union(*(jax.typeof(x).manual_axis_type.varying for x in (first, second)))
+    first, second = (_vary_over(x, varying) for x in (first, second))
+    call = jax.ffi.ffi_call(_PAIR_TARGET, jax.ShapeDtypeStruct(first.shape, jnp.int32),
+                            vmap_method="sequential")
+    return _vary_over(call(first, second), varying)
