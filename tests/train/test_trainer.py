@@ -91,6 +91,12 @@ def test_every_estimator_trains_and_evaluates_on_every_simulator(tmp_path, capsy
         np.testing.assert_array_equal(head, 0.0)
     if adv.get(estimator).needs_prm:
         assert math.isfinite(rows[0]["prm/loss"])
+    if adv.get(estimator).needs_progress:
+        assert math.isfinite(rows[0]["progress/loss"]) and rows[0]["time/progress"] > 0
+        state = restored(tmp_path).state  # checkpointed with the run, trained one step
+        counts = {int(x) for path, x in jax.tree_util.tree_leaves_with_path(state.progress_opt)
+                  if "count" in jax.tree_util.keystr(path)}
+        assert state.progress is not None and counts == {1}
     capsys.readouterr()
     assert main(["eval", "--checkpoint", str(tmp_path), "--tasks", "2"]) == 0
     out = capsys.readouterr().out
