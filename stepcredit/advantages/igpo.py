@@ -55,7 +55,8 @@ def information_gain(answer_logp, mask, *, gain: str = "probability") -> jax.Arr
 
     Notes:
       The authors' code (`info_gain_type`) offers both: "prob_diff", the
-      paper's, and "log_prob_diff", which their 2026 training scripts use.
+      paper's and their default, and "log_prob_diff", which training scripts
+      of forks of their repository set.
 
     Example: b = log [[0.1, 0.4, 0.5]] gives [[0.3, 0.1, 0]].
     """
@@ -147,10 +148,13 @@ def igpo(information_gain, scores, group_ids, mask, *, gamma: float = 1.0,
       sqrt(biased var + 1e-8) + eps, here std_biased + eps: equal but for
       that 1e-8; it also leaves an information-gain turn whose gain is
       exactly 0 out of the statistics (and merges its tokens into the next
-      turn), which is not reproduced. Their 2026 scripts set gamma 1,
-      normalize "separate" (`info_gain_norm_mode`) and the log-probability
-      gain; their code's defaults and evaluation script are "joint" and the
-      probability gain, the paper's.
+      turn), which is not reproduced. Their evaluation script and their
+      code's defaults are gamma 1, "joint" and the probability gain; the
+      training scripts of forks of their repository (their own train.sh was
+      not readable here) set gamma 1, normalize="separate"
+      (`info_gain_norm_mode`) and gain="log_probability" (`info_gain_type`):
+      `--set normalize=separate --set gain=log_probability` in the trainer.
+      The paper's value of gamma was not found.
 
     Example (gamma = 1; one group, trajectory 0 has two turns with IG 0.2
     then score 1, trajectory 1 three turns with IG 0.1, -0.1 then score 0):

@@ -529,9 +529,10 @@ for _entry in (
               "probability gain exp(mean answer log-prob) of the paper, normalised over all turns "
               "of the group (normalize 'joint') before the discounted sum (order "
               "'normalize_first', the paper and the authors' code since their issue 5), gamma 1 "
-              "from the authors' scripts, the biased std and eps 1e-6 of their code; their 2026 "
-              "scripts use normalize='separate' and gain='log_probability'; read from the "
-              "abstract, secondary summaries and the code, not the paper's equations",
+              "from the authors' evaluation script, the biased std and eps 1e-6 of their code; "
+              "training scripts of forks of their repository set normalize='separate' and "
+              "gain='log_probability'; read from the abstract, secondary summaries and the "
+              "code, not the paper's equations",
               output_level="step", input_defaults={"gain": "probability"},
               options={**_GROUPS, **_METHOD}),
     Estimator("prime", prime_advantages,
