@@ -4,7 +4,8 @@
 them, updates the implicit PRM when the estimator reads PRM log-probs (iStar's
 preference loss) and SPA's progress estimator when it reads progress
 contributions (`stepcredit.train.progress`), assigns credit through the
-estimator's registry binding (`stepcredit.credit.compiled_compute_advantages`)
+estimator's registry binding (`stepcredit.credit.compiled_compute_advantages`;
+VinePPO's Monte Carlo values come with the batch, `stepcredit.train.vine`)
 and builds the critic targets; `Learner.update` runs `epochs` passes of
 minibatch PPO steps over the rows. Both are functions of a `TrainState` that
 return a new one.

@@ -71,7 +71,9 @@ def offline_outputs(workdir: str) -> dict[str, np.ndarray]:
     save_trajectories(_trajectories(), source)
     out = {}
     for name in adv.names():
-        if adv.get(name).needs_prm or name in ("empg", "token_gae"):
+        entry = adv.get(name)
+        if (entry.needs_prm or entry.needs_mc_values or entry.needs_progress
+                or entry.needs_information_gain or name in ("empg", "token_gae")):
             continue  # inputs that the fixed log's step rows do not hold
         target = os.path.join(workdir, f"{name.replace('+', '_')}.jsonl")
         compute_credit(source, target, name, progress=False)

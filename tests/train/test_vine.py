@@ -65,7 +65,8 @@ def test_each_branch_point_is_the_recorded_state_and_prompt(greedy):
             if t + 1 < len(trajectory.steps):
                 after = trajectory.steps[t + 1]
                 assert stable_key(result.observation.anchor) == after.anchor
-                assert parts.tokenizer.encode(result.observation.text) == list(after.observation_ids)
+                observed = parts.tokenizer.encode(result.observation.text)
+                assert observed == list(after.observation_ids)
     env.close()
     # A group's G episodes start in one state: it is valued once.
     assert len(points) < sum(len(t.steps) for t in rollout.trajectories)
