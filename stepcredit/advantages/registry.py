@@ -518,7 +518,7 @@ for _entry in (
               "(math_episode_generator_with_mc_advantages.py); whitened over valid steps, where "
               "the authors' PPO trainer whitens over valid tokens (equal with one token per "
               "action)",
-              output_level="step", whiten="steps", options=_METHOD),
+              output_level="step", whiten="steps", options=_GAE_METHOD),
     # IGPO: the information gain of each turn and the outcome at the last, group-normalised
     # and summed with discount from each turn on.
     Estimator("igpo", igpo, {"information_gain": "information_gain", "scores": "scores",
