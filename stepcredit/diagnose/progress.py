@@ -145,5 +145,6 @@ def fit_progress(episodes: Sequence[Episode], *, env_name: str, steps: int = 20,
     seconds = time.perf_counter() - tick
     model = describe_fitting(fitting, steps=steps, learning_rate=learning_rate)
     description = (f"progress estimator (SPA): {model}; outcome: the score; sum-to-outcome "
-                   f"loss {initial:.3f} -> {final:.3f}; {seconds:.1f} s")
+                   f"loss {initial:.3f} -> {final:.3f}; grounding g_t = 1 on every step (the "
+                   f"behaviour policy acts among the admissible actions); {seconds:.1f} s")
     return ProgressInputs(contributions, mask, seconds, description, tuple(losses))
