@@ -47,13 +47,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="number of seeds (0, 1, ...)")
     parser.add_argument("--continuations", type=int, default=d.continuations,
                         help="K: Monte Carlo rollouts per action and per state for A^pi")
+    parser.add_argument("--vine-rollouts", type=int, default=d.vine_rollouts,
+                        help="K': rollouts per state for VinePPO's Monte Carlo values (their "
+                             "own random stream)")
     parser.add_argument("--values", default=d.values, choices=VALUE_SOURCES,
                         help="critic of step and token GAE (checkpoint: --value-checkpoint's "
                              "value head)")
     parser.add_argument("--value-checkpoint", default=None, metavar="LOGDIR",
                         help="the trained run whose value head --values checkpoint reads")
     parser.add_argument("--prm-steps", type=int, default=d.prm_steps,
-                        help="optimizer steps of the implicit PRM of iStar and PRIME")
+                        help="optimizer steps of the implicit PRM of iStar and PRIME and of "
+                             "SPA's progress estimator")
     parser.add_argument("--bootstrap", type=int, default=d.bootstrap,
                         help="bootstrap resamples per confidence interval")
     parser.add_argument("--split", default=d.split, help="task split")
@@ -95,7 +99,8 @@ def run(args: argparse.Namespace) -> int:
         config = DiagnoseConfig(
             envs=_names(args.env) or SIMULATORS, policy=args.policy, estimators=estimators,
             tasks=args.tasks, group_size=args.group_size, seeds=tuple(range(args.seeds)),
-            continuations=args.continuations, values=args.values,
+            continuations=args.continuations, vine_rollouts=args.vine_rollouts,
+            values=args.values,
             value_checkpoint=args.value_checkpoint, prm_steps=args.prm_steps,
             bootstrap=args.bootstrap, split=args.split, difficulty=args.difficulty,
             max_steps=args.max_steps)

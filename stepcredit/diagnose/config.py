@@ -38,12 +38,16 @@ class DiagnoseConfig:
       value_checkpoint: the trained run whose value head "checkpoint" reads.
       prm_steps: optimizer steps of the implicit PRM of iStar and PRIME (10:
         on a default batch its preference loss falls from 0.69 to 0.15 on
-        WebShop, 0.23 on ALFWorld and 0.44 on HotpotQA).
+        WebShop, 0.23 on ALFWorld and 0.44 on HotpotQA), and of SPA's progress
+        estimator (`stepcredit.diagnose.progress`).
       bootstrap: bootstrap resamples of each interval.
       split: the task split.
       difficulty: the simulators' difficulty (None: each one's default).
       max_steps: the step limit (None: `STEP_LIMITS`, else each simulator's own).
       examples: example trajectories kept per simulator for plots.
+      vine_rollouts: K', the rollouts of each state's Monte Carlo value for
+        VinePPO (9, the authors' configs), on a random stream independent of
+        the A^pi rollouts; played only when an estimator reads them.
     """
 
     envs: tuple[str, ...] = SIMULATORS
@@ -61,9 +65,10 @@ class DiagnoseConfig:
     difficulty: int | None = None
     max_steps: int | None = None
     examples: int = 2
+    vine_rollouts: int = 9
 
     def __post_init__(self):
-        for name in ("tasks", "group_size", "bootstrap"):
+        for name in ("tasks", "group_size", "bootstrap", "vine_rollouts"):
             if getattr(self, name) < 1:
                 raise ValueError(f"diagnose: {name} must be >= 1, got {getattr(self, name)}")
         if self.continuations == 1:

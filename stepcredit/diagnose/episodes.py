@@ -44,6 +44,14 @@ class Episode:
       score: the episode score (the simulator's `info["score"]` at the end).
       won: whether the episode was won.
       truncated: whether the step limit ended it.
+      mc_value: `[T]` float, V_MC(s_t) of VinePPO from rollouts of the
+        behaviour policy on their own random stream (None where not estimated).
+      answer_prob: `[T]` float, the behaviour policy's probability of taking
+        the ground-truth answer action (HotpotQA's `finish[answer]`) at the
+        start of each step, IGPO's belief; None where the simulator has no
+        reference answer.
+      tree: the rollout tree it is a leaf of within its seed (Tree-GRPO's
+        branching episodes, `stepcredit.diagnose.sample.sample_trees`), or None.
     """
 
     env: str
@@ -65,6 +73,9 @@ class Episode:
     score: float
     won: bool
     truncated: bool
+    mc_value: np.ndarray | None = None
+    answer_prob: np.ndarray | None = None
+    tree: int | None = None
 
     @property
     def length(self) -> int:

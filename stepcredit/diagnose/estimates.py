@@ -13,7 +13,12 @@ tokens.
 Each step's action has a number of tokens (`TokenView.lengths`): the implicit
 PRM's tokenisation when one is fitted (`stepcredit.diagnose.prm`), else one
 token per whitespace-separated word. Bootstrap values are 0: after a
-truncation no steps remain under the episode's step limit.
+truncation no steps remain under the episode's step limit. VinePPO reads the
+episodes' `mc_value` (rollouts of the behaviour policy on their own stream,
+`stepcredit.diagnose.sample`); without them it is not run. IGPO reads the
+episodes' `answer_prob`, as log-probs floored at `ANSWER_LOGP_FLOOR` (the
+answer action is often not on offer: probability 0); an episode without one
+(ALFWorld, WebShop: no reference answer) has no information gain.
 """
 
 from __future__ import annotations
@@ -31,6 +36,9 @@ from stepcredit.keys import stable_key
 # Reference rows graded beside the estimators: the truth itself (an upper
 # bound) and credit drawn at random (the floor).
 REFERENCES = ("mc_advantage", "random")
+
+# log pi(answer) where the answer action is not on offer (probability 0): a finite floor.
+ANSWER_LOGP_FLOOR = float(np.log(1e-6))
 
 
 class TokenView(NamedTuple):
@@ -72,8 +80,9 @@ def prm_tokens(step_index: np.ndarray, prm_logp: np.ndarray, ref_logp: np.ndarra
 def trajectories(episodes: Sequence[Episode], values: Sequence[np.ndarray], tokens: TokenView,
                  group_ids: np.ndarray) -> list[Trajectory]:
     """The episodes as the trainer's records: each step's reward, value V(s_t),
-    entropy (on each of its action tokens), anchor key and done/truncated flag."""
-    out = []
+    entropy (on each of its action tokens), anchor key and done/truncated flag, and
+    each episode's rollout tree (one id per (seed, tree); None for a chain)."""
+    out, trees = [], {}
     for e, v, lengths, group in zip(episodes, values, tokens.lengths, group_ids):
         steps = [StepRecord(observation_ids=(), action_ids=(0,) * int(n),
                             action_logp=(0.0,) * int(n), reward=float(e.rewards[t]),
@@ -82,13 +91,16 @@ def trajectories(episodes: Sequence[Episode], values: Sequence[np.ndarray], toke
                             action_entropy=(float(e.entropy[t]),) * int(n), value=float(v[t]),
                             anchor=stable_key(e.anchors[t]))
                  for t, n in enumerate(lengths)]
-        out.append(Trajectory(steps, group_id=int(group)))
+        tree = None if e.tree is None else trees.setdefault((e.seed, e.tree), len(trees))
+        out.append(Trajectory(steps, group_id=int(group), tree_id=tree))
     return out
 
 
 def step_credit(names: Sequence[str], episodes: Sequence[Episode], stacked: Stacked,
                 values: Sequence[np.ndarray], tokens: TokenView, *, num_steps: int | None = None,
-                num_tokens: int | None = None) -> tuple[dict[str, np.ndarray], dict[str, str]]:
+                num_tokens: int | None = None, progress: np.ndarray | None = None,
+                grounding: np.ndarray | None = None
+                ) -> tuple[dict[str, np.ndarray], dict[str, str]]:
     """Each estimator's `[B, T]` step credit (0 on padding).
 
     Args:
@@ -98,6 +110,8 @@ def step_credit(names: Sequence[str], episodes: Sequence[Episode], stacked: Stac
       tokens: the token view (PRM log-probs for iStar and PRIME).
       num_steps, num_tokens: pad T and N to these (default: the next power of
         two); give the same across simulators to compile once.
+      progress, grounding: `[B, T]` SPA's progress contributions and grounding
+        signal (`stepcredit.diagnose.progress`), or None.
 
     Returns:
       `(credit, failures)`: name -> `[B, T]` float64 credit, and name -> the
@@ -119,13 +133,28 @@ def step_credit(names: Sequence[str], episodes: Sequence[Episode], stacked: Stac
         pad = ((0, 0), (0, n_pad - tokens.prm_logp.shape[1]))
         prm = {"prm_logp": np.pad(tokens.prm_logp.astype(np.float32), pad),
                "ref_logp": np.pad(tokens.ref_logp.astype(np.float32), pad)}
+    mc_values = None
+    if all(e.mc_value is not None for e in episodes):
+        mc_values = np.zeros((len(episodes), t_pad), np.float32)
+        for i, e in enumerate(episodes):
+            mc_values[i, :e.length] = e.mc_value
+    answer_logp = np.zeros((len(episodes), t_pad), np.float32)
+    for i, e in enumerate(episodes):
+        if e.answer_prob is not None:
+            answer_logp[i, :e.length] = np.maximum(np.log(np.maximum(e.answer_prob, 1e-300)),
+                                                   ANSWER_LOGP_FLOOR)
+    if progress is not None:  # the other fitted model's inputs, beside the PRM's
+        pad = ((0, 0), (0, t_pad - progress.shape[1]))
+        prm.update(progress=np.pad(progress.astype(np.float32), pad),
+                   grounding=np.pad(np.asarray(grounding, bool), pad))
     counts = np.asarray(adv.step_rewards_from_tokens(
         np.ones(token_batch.step_index.shape, np.float32), token_batch.step_index, t_pad))
     credit, failures = {}, {}
     for name in names:
         try:
             out = compiled_compute_advantages(steps, token_batch, name,
-                                              token_values=token_values, **prm)
+                                              token_values=token_values, mc_values=mc_values,
+                                              answer_logp=answer_logp, **prm)
         except ValueError as error:  # e.g. a user's estimator refusing these inputs
             failures[name] = str(error)
             continue

@@ -26,10 +26,11 @@ from stepcredit.diagnose.estimates import (REFERENCES, TokenView, bucket, prm_to
                                            reference_credit, step_credit, word_tokens)
 from stepcredit.diagnose.policies import parse_policy
 from stepcredit.diagnose.result import METRICS, Diagnosis, Example, Score
-from stepcredit.diagnose.sample import sample_episodes, sample_tasks
+from stepcredit.diagnose.sample import sample_episodes, sample_tasks, sample_trees
 from stepcredit.diagnose.values import step_values
 from stepcredit.envs import registry as envs
 from stepcredit.envs.base import SnapshotEnv
+from stepcredit.train.tree import TreeShape
 
 
 def env_options(name: str, config: DiagnoseConfig) -> dict[str, Any]:
@@ -60,10 +61,12 @@ def diagnosable_env(name: str, config: DiagnoseConfig):
     return env
 
 
-def _play(env_name: str, policy, config: DiagnoseConfig,
+def _play(env_name: str, policy, config: DiagnoseConfig, names: Sequence[str],
           progress: bool) -> tuple[list[Episode], list[np.ndarray]]:
-    """The diagnosed episodes of every seed and their values (`config.values`)."""
+    """The diagnosed episodes of every seed and their values (`config.values`), with VinePPO's
+    Monte Carlo values when an estimator of `names` reads them."""
     env = diagnosable_env(env_name, config)
+    vine_rollouts = config.vine_rollouts if any(adv.get(n).needs_mc_values for n in names) else 0
     episodes, fitting = [], []
     total = len(config.seeds) * config.tasks * config.group_size
     try:
@@ -73,7 +76,7 @@ def _play(env_name: str, policy, config: DiagnoseConfig,
                 tasks = sample_tasks(env.num_tasks, config.tasks, seed)
                 episodes += sample_episodes(env, policy, tasks, group_size=config.group_size,
                                             seed=seed, continuations=config.continuations,
-                                            progress=bar.update)
+                                            progress=bar.update, vine_rollouts=vine_rollouts)
                 if config.values == "table":
                     fitting += sample_episodes(env, policy, tasks, stream=1, seed=seed,
                                                group_size=config.group_size, continuations=0)
@@ -82,6 +85,26 @@ def _play(env_name: str, policy, config: DiagnoseConfig,
     finally:
         env.close()
     return episodes, values
+
+
+def _play_trees(env_name: str, policy, config: DiagnoseConfig,
+                progress: bool) -> tuple[list[Episode], Stacked, TokenView]:
+    """Every seed's tree-structured episodes (`sample_trees`: G leaves per task where the
+    tree shape divides out, `TreeShape.for_group_size`), stacked, with their word tokens."""
+    env = diagnosable_env(env_name, config)
+    shape = TreeShape.for_group_size(config.group_size)
+    episodes = []
+    try:
+        with tqdm(total=len(config.seeds) * config.tasks * shape.leaves_per_task,
+                  desc=f"{env_name}: tree episodes", disable=not progress, leave=False) as bar:
+            for seed in config.seeds:
+                episodes += sample_trees(env, policy, sample_tasks(env.num_tasks, config.tasks,
+                                                                   seed),
+                                         shape=shape, seed=seed,
+                                         continuations=config.continuations, progress=bar.update)
+    finally:
+        env.close()
+    return episodes, stack(episodes), word_tokens(episodes)
 
 
 def _tokens(episodes: list[Episode], env_name: str, config: DiagnoseConfig,
@@ -94,6 +117,21 @@ def _tokens(episodes: list[Episode], env_name: str, config: DiagnoseConfig,
                      env_kwargs=env_options(env_name, config), progress=progress)
     notes.append(f"{env_name}: {fitted.description}")
     return prm_tokens(fitted.step_index, fitted.prm_logp, fitted.ref_logp, episodes)
+
+
+def _progress(episodes: list[Episode], env_name: str, config: DiagnoseConfig,
+              names: Sequence[str], notes: list[str], progress: bool) -> dict[str, np.ndarray]:
+    """SPA's inputs (`progress`, `grounding`) when an estimator of `names` reads them, fitted
+    with the PRM's budget of `config.prm_steps` optimizer steps; else none."""
+    if not any(adv.get(n).needs_progress for n in names):
+        return {}
+    from stepcredit.diagnose.progress import fit_progress  # a model: only when needed
+
+    fitted = fit_progress(episodes, env_name=env_name, steps=config.prm_steps,
+                          seed=config.seeds[0], env_kwargs=env_options(env_name, config),
+                          progress=progress)
+    notes.append(f"{env_name}: {fitted.description}")
+    return {"progress": fitted.progress, "grounding": fitted.grounding}
 
 
 def _truth_note(label: str, continuations: int) -> str:
@@ -142,6 +180,23 @@ def _examples(env_name: str, episodes: list[Episode], stacked: Stacked,
             for i in pick_examples(stacked.good, stacked.mask, stacked.won, count)]
 
 
+def _grade_trees(env_name: str, names: Sequence[str], episodes: list[Episode], stacked: Stacked,
+                 tokens: TokenView, config: DiagnoseConfig, notes: list[str],
+                 seconds: dict[str, float], **padding: int) -> list[Score]:
+    """The tree estimators' scores on the tree-structured episodes (no critic values: V = 0)."""
+    start = time.perf_counter()
+    credit, failures = step_credit(names, episodes, stacked,
+                                   [np.zeros(e.length) for e in episodes], tokens, **padding)
+    notes += [f"{env_name}: {name} not run: {error}" for name, error in failures.items()]
+    seconds["credit"] += time.perf_counter() - start
+    start = time.perf_counter()
+    scores = [score for name in credit
+              for score in grade(env_name, name, credit[name], stacked, seeds=config.seeds,
+                                 bootstrap=config.bootstrap)]
+    seconds["score"] += time.perf_counter() - start
+    return scores
+
+
 def diagnose(config: DiagnoseConfig = DiagnoseConfig(), *, progress: bool = True,
              log: Callable[[str], None] | None = None) -> Diagnosis:
     """Grades every estimator's step credit against ground truth (module doc).
@@ -165,30 +220,47 @@ def diagnose(config: DiagnoseConfig = DiagnoseConfig(), *, progress: bool = True
                  "table": "per-anchor Monte Carlo table fitted on a separate batch of the same "
                           "tasks",
                  "checkpoint": f"the value head of {config.value_checkpoint}"}[config.values]]
-    sampled = {}
+    if any(adv.get(n).needs_mc_values for n in names):
+        notes.append(f"VinePPO's V_MC: K={config.vine_rollouts} rollouts of the behaviour policy "
+                     "per state, on a random stream independent of the A^pi rollouts")
+    # Estimators that play rollout trees (Tree-GRPO) are graded on tree-structured episodes.
+    tree_names = [n for n in names if adv.get(n).recipe.rollout_trees]
+    if tree_names:
+        notes.append(f"{', '.join(tree_names)}: graded on episodes of their own, each task's "
+                     f"{TreeShape.for_group_size(config.group_size).leaves_per_task} leaves "
+                     "branching from the nodes of rollout trees (stepcredit.diagnose.sample."
+                     "sample_trees); the other rows on independent episodes")
+    sampled, fitted, trees = {}, {}, {}
     for env_name in config.envs:
         start = time.perf_counter()
-        episodes, values = _play(env_name, policy, config, progress)
+        episodes, values = _play(env_name, policy, config, names, progress)
         stacked = stack(episodes)
         seconds["sample"] += time.perf_counter() - start
         start = time.perf_counter()
         tokens = _tokens(episodes, env_name, config, names, notes, progress)
+        fitted[env_name] = _progress(episodes, env_name, config, names, notes, progress)
         seconds["prm"] += time.perf_counter() - start
         sampled[env_name] = (episodes, stacked, values, tokens)
+        if tree_names:
+            start = time.perf_counter()
+            trees[env_name] = _play_trees(env_name, policy, config, progress)
+            seconds["sample"] += time.perf_counter() - start
         if log is not None:
             log(f"{env_name}: {len(episodes)} episodes, {int(stacked.mask.sum())} steps, "
                 f"{stacked.won.mean():.0%} won")
     # One padded shape for every simulator, so each estimator compiles once.
-    num_steps = bucket(max(s.mask.shape[1] for _, s, _, _ in sampled.values()))
-    num_tokens = bucket(max(t.num_tokens for *_, t in sampled.values()))
+    num_steps = bucket(max(s.mask.shape[1] for _, s, *_ in [*sampled.values(), *trees.values()]))
+    num_tokens = bucket(max(v[-1].num_tokens for v in [*sampled.values(), *trees.values()]))
     scores: list[Score] = []
     examples: list[Example] = []
     for env_name, (episodes, stacked, values, tokens) in sampled.items():
         start = time.perf_counter()
         credit = reference_credit(stacked, config.seeds[0])
         estimated, failures = step_credit(
-            tqdm(names, desc=f"{env_name}: credit", disable=not progress, leave=False),
-            episodes, stacked, values, tokens, num_steps=num_steps, num_tokens=num_tokens)
+            tqdm([n for n in names if n not in tree_names], desc=f"{env_name}: credit",
+                 disable=not progress, leave=False),
+            episodes, stacked, values, tokens, num_steps=num_steps, num_tokens=num_tokens,
+            **fitted[env_name])
         credit.update(estimated)
         notes += [f"{env_name}: {name} not run: {error}" for name, error in failures.items()]
         seconds["credit"] += time.perf_counter() - start
@@ -198,6 +270,9 @@ def diagnose(config: DiagnoseConfig = DiagnoseConfig(), *, progress: bool = True
             scores += grade(env_name, name, credit[name], stacked, seeds=config.seeds,
                             bootstrap=config.bootstrap)
         seconds["score"] += time.perf_counter() - start
+        if tree_names:
+            scores += _grade_trees(env_name, tree_names, *trees[env_name], config, notes,
+                                   seconds, num_steps=num_steps, num_tokens=num_tokens)
         examples += _examples(env_name, episodes, stacked, credit, config.examples)
     settings = {**dataclasses.asdict(config), "estimators": list(names),
                 "references": list(REFERENCES)}

@@ -12,13 +12,26 @@ behaviour policy's advantage from snapshots of the simulator:
 
 with undiscounted returns (gamma = 1) and the episode's own step limit (the
 snapshot keeps the step counter, so a rollout is truncated where the episode
-would be). Progress labels: a step is good when d(s_{t+1}) < d(s_t); the
+would be). With `vine_rollouts` K' > 0, VinePPO's input is recorded too:
+
+    V_MC(s_t) = mean_k G_k(s_t, a_k),   a_k ~ pi at s_t, then pi to the end,
+
+from K' rollouts on a random stream of their own, independent of the A^pi
+rollouts above, so that VinePPO is not graded against its own samples.
+Progress labels: a step is good when d(s_{t+1}) < d(s_t); the
 last step of a terminated episode is good exactly when the episode was won
 (a win is progress, a wrong final answer or purchase is not).
+
+IGPO's belief is recorded where the simulator has a reference answer
+(HotpotQA): the behaviour policy's probability of taking the answer action at
+the start of each step, pi(finish[answer] | s_t), 0 where it is not on offer.
+This is the diagnosis policies' analogue of a language model's teacher-forced
+probability of the answer: they have explicit action probabilities.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any, Sequence
 
 import numpy as np
@@ -26,6 +39,7 @@ import numpy as np
 from stepcredit.diagnose.episodes import Episode
 from stepcredit.diagnose.policies import Policy, entropy
 from stepcredit.envs.base import Observation
+from stepcredit.train.tree import TreeShape, choose_nodes
 
 
 def _sample(actions: tuple[str, ...], probs: np.ndarray, rng: np.random.Generator) -> str:
@@ -82,8 +96,29 @@ def monte_carlo_advantage(env: Any, policy: Policy, observation: Observation, hi
     return float(differences.mean()), float(differences.std(ddof=1) / np.sqrt(continuations))
 
 
+def monte_carlo_value(env: Any, policy: Policy, observation: Observation, history: list,
+                      deviation: int, actions: tuple[str, ...], probs: np.ndarray,
+                      rollouts: int, rng: np.random.Generator) -> float:
+    """V_MC(s_t): the mean return of `rollouts` episodes of `policy` from the state now (its
+    first action drawn from `actions` with `probs`); the environment is left as it was."""
+    snapshot, total = env.snapshot(), 0.0
+    for _ in range(rollouts):
+        total += _return_after(env, policy, observation, history, deviation,
+                               _sample(actions, probs, rng), rng)
+        env.restore(snapshot)
+    return total / rollouts
+
+
+def answer_probability(env: Any, actions: tuple[str, ...], probs: np.ndarray) -> float:
+    """pi(the answer action | s): the probability `probs` gives `env`'s ground-truth
+    answer action among `actions` (0 where it is not one of them)."""
+    answer = env.answer_action.format(env.reference_answer())
+    return float(probs[actions.index(answer)]) if answer in actions else 0.0
+
+
 def play(env: Any, policy: Policy, task: int, rng: np.random.Generator, *, seed: int = 0,
-         group: int = 0, continuations: int = 0) -> Episode:
+         group: int = 0, continuations: int = 0, vine_rollouts: int = 0,
+         branch: tuple[Episode, int] | None = None) -> Episode:
     """Plays one episode of `policy` on task `task` with its ground truth.
 
     Args:
@@ -96,23 +131,35 @@ def play(env: Any, policy: Policy, task: int, rng: np.random.Generator, *, seed:
       seed, group: recorded in the episode.
       continuations: K, the Monte Carlo rollouts per action and per state;
         0 leaves `advantage` NaN.
+      vine_rollouts: K', the rollouts of each state's V_MC (`mc_value`, on a
+        stream of its own); 0 leaves `mc_value` None.
+      branch: `(parent, prefix)`: a branch of a rollout tree (Tree-GRPO) that
+        keeps the parent's first `prefix` steps (their ground truth included)
+        and plays on from the state after them, with the parent's deviation.
 
     Returns:
       The `Episode`.
     """
-    # Rollouts draw from their own stream, so the episode itself is the same for any K.
-    rng, rollout_rng = rng.spawn(2)
+    # Rollouts draw from their own streams, so the episode itself is the same for any K, K'
+    # (spawned children 0 and 1 are those of K alone).
+    rng, rollout_rng, vine_rng = rng.spawn(3)
     observation = env.reset(task)
     deviation = policy.deviation(env, rng)
     history: list[tuple[str, str]] = []
+    if branch is not None:
+        observation, deviation, history = _replayed(env, observation, *branch)
     steps: list[tuple] = []
+    answered = callable(getattr(env, "reference_answer", None))  # IGPO's belief is defined
     won, score, truncated = False, 0.0, False
     while env.running:
         step = env.steps_taken
         actions, probs = policy.distribution(env, observation, history, step, deviation)
         action = _sample(actions, probs, rng)
         before = env.oracle_distance()
-        advantage = se = float("nan")
+        advantage = se = value = float("nan")
+        if vine_rollouts:
+            value = monte_carlo_value(env, policy, observation, history, deviation, actions,
+                                      probs, vine_rollouts, vine_rng)
         if continuations:
             advantage, se = monte_carlo_advantage(env, policy, observation, history, deviation,
                                                   action, continuations, rollout_rng)
@@ -126,18 +173,46 @@ def play(env: Any, policy: Policy, task: int, rng: np.random.Generator, *, seed:
             if result.truncated:
                 truncated, score = True, float(result.info.get("score", 0.0))
         steps.append((observation.text, action, observation.anchor, result.reward, entropy(probs),
-                      before, after, good, advantage, se))
+                      before, after, good, advantage, se, value,
+                      answer_probability(env, actions, probs) if answered else 0.0))
         history.append((observation.text, action))
         observation = result.observation
     columns = list(zip(*steps))
-    return Episode(
+    episode = Episode(
         env=env.name, seed=seed, task=task, group=group, task_text=observation.task,
         observations=tuple(columns[0]), actions=tuple(columns[1]), anchors=tuple(columns[2]),
         rewards=np.array(columns[3], dtype=np.float64), entropy=np.array(columns[4]),
         distance_before=np.array(columns[5], dtype=np.int64),
         distance_after=np.array(columns[6], dtype=np.int64), good=np.array(columns[7], dtype=bool),
         deviation=deviation, advantage=np.array(columns[8]), advantage_se=np.array(columns[9]),
-        score=score, won=won, truncated=truncated)
+        score=score, won=won, truncated=truncated,
+        mc_value=np.array(columns[10]) if vine_rollouts else None,
+        answer_prob=np.array(columns[11]) if answered else None)
+    return episode if branch is None else _joined(*branch, episode)
+
+
+def _replayed(env: Any, observation: Observation, parent: Episode,
+              prefix: int) -> tuple[Observation, int, list]:
+    """Replays the parent's first `prefix` actions from the reset state (`observation`; the
+    simulators are deterministic given the task and the actions); returns the observation,
+    the parent's deviation and the history there."""
+    history = []
+    for text, action in zip(parent.observations[:prefix], parent.actions[:prefix]):
+        observation = env.step(action).observation
+        history.append((text, action))
+    return observation, parent.deviation, history
+
+
+def _joined(parent: Episode, prefix: int, child: Episode) -> Episode:
+    """The child's episode (its own steps) with the parent's first `prefix` steps in front."""
+    joined = {}
+    for field in dataclasses.fields(Episode):
+        value = getattr(child, field.name)
+        if isinstance(value, tuple) and len(value) == child.length:
+            joined[field.name] = getattr(parent, field.name)[:prefix] + value
+        elif isinstance(value, np.ndarray) and value.shape == (child.length,):
+            joined[field.name] = np.concatenate([getattr(parent, field.name)[:prefix], value])
+    return dataclasses.replace(child, **joined)
 
 
 def sample_tasks(num_tasks: int, tasks: int, seed: int) -> list[int]:
@@ -148,7 +223,8 @@ def sample_tasks(num_tasks: int, tasks: int, seed: int) -> list[int]:
 
 
 def sample_episodes(env: Any, policy: Policy, tasks: Sequence[int], *, group_size: int, seed: int,
-                    continuations: int, stream: int = 0, progress=None) -> list[Episode]:
+                    continuations: int, stream: int = 0, progress=None,
+                    vine_rollouts: int = 0) -> list[Episode]:
     """`group_size` episodes of each task (group i: the i-th task), one random
     stream per (seed, stream, task, member) so results do not depend on order.
 
@@ -159,7 +235,42 @@ def sample_episodes(env: Any, policy: Policy, tasks: Sequence[int], *, group_siz
         for member in range(group_size):
             rng = np.random.default_rng([seed, stream, task, member])
             episodes.append(play(env, policy, task, rng, seed=seed, group=group,
-                                 continuations=continuations))
+                                 continuations=continuations, vine_rollouts=vine_rollouts))
             if progress is not None:
                 progress(1)
+    return episodes
+
+
+def sample_trees(env: Any, policy: Policy, tasks: Sequence[int], *, shape: TreeShape, seed: int,
+                 continuations: int, stream: int = 2, progress=None) -> list[Episode]:
+    """Each task's forest of `shape.trees` rollout trees (Tree-GRPO, `stepcredit.train.tree`):
+    a root episode per tree, then `shape.rounds` rounds that each branch `shape.branches`
+    episodes from nodes of the tree's episodes (`choose_nodes`), so a task has
+    `shape.leaves_per_task` episodes with `tree` set to g * M + m (tree m of group g).
+
+    A branch keeps its parent's steps up to the node, ground truth included (the same
+    state and action), and plays on from the replayed state (`play`'s `branch`). One
+    random stream per (seed, stream, task, tree) for the node choices and per
+    (seed, stream, task, tree, leaf) for each episode; `progress` is called per episode.
+    """
+    episodes = []
+    for group, task in enumerate(tasks):
+        for m in range(shape.trees):
+            rng = np.random.default_rng([seed, stream, task, m])
+            root = np.random.default_rng([seed, stream, task, m, 0])
+            leaves = [play(env, policy, task, root, seed=seed, group=group,
+                           continuations=continuations)]
+            starts = [0]
+            for _ in range(shape.rounds):
+                for node in choose_nodes([leaf.entropy for leaf in leaves], starts,
+                                         shape.branches, shape.branching, rng):
+                    branch = None if node is None else (leaves[node[0]], node[1])
+                    leaf_rng = np.random.default_rng([seed, stream, task, m, len(leaves)])
+                    leaves.append(play(env, policy, task, leaf_rng, seed=seed, group=group,
+                                       continuations=continuations, branch=branch))
+                    starts.append(0 if node is None else node[1])
+            episodes += [dataclasses.replace(leaf, tree=group * shape.trees + m)
+                         for leaf in leaves]
+            if progress is not None:
+                progress(len(leaves))
     return episodes

@@ -18,7 +18,9 @@ from stepcredit.diagnose.values import ValueTable, returns_to_go
 from stepcredit.envs import registry
 
 SIMULATORS = ("webshop", "alfworld", "hotpotqa")
-NO_PRM = tuple(n for n in adv.names() if not adv.get(n).needs_prm)
+# Estimators without a fitted model (iStar's and PRIME's PRM, SPA's progress estimator).
+NO_PRM = tuple(n for n in adv.names()
+               if not (adv.get(n).needs_prm or adv.get(n).needs_progress))
 
 
 @pytest.fixture(scope="module")
