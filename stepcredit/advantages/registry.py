@@ -488,10 +488,10 @@ for _entry in (
                                        "tree_ids": "tree_ids"},
               {"std": "unbiased", "eps": 1e-6, "singleton": "zero"},
               "Tree Search for LLM Agent Reinforcement Learning (Tree-GRPO), arXiv 2509.21240; "
-              "the sum of the intra-tree and inter-tree group-normalised leaf scores as the "
-              "paper's method summary states it; unbiased std and eps 1e-6 are GRPO's as in verl "
-              "(not checked against the paper's equations or code); without tree_ids every "
-              "trajectory is its own tree and it is GRPO",
+              "the sum of the intra-tree and inter-tree group-normalised leaf scores, read from "
+              "the abstract and secondary summaries (the paper's equations and the authors' code "
+              "were not read); unbiased std and eps 1e-6 are GRPO's as in verl; without tree_ids "
+              "every trajectory is its own tree and it is GRPO",
               output_level="trajectory", optional={"tree_ids"},
               options={**_GROUPS, "num_trees": None}, recipe=Recipe(rollout_trees=True)),
     # SPA-RL: a progress estimator's step contributions plus a grounding bonus, through GAE.

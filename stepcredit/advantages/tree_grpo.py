@@ -61,17 +61,18 @@ def tree_grpo(scores, group_ids, tree_ids=None, *, std: str = "unbiased", eps: f
 
     References:
       Ji et al., "Tree Search for LLM Agent Reinforcement Learning"
-      (Tree-GRPO), arXiv 2509.21240: the intra-tree and inter-tree
-      group-relative advantages and their sum (read in the paper's method
-      summary, not in its equations); the rollout trees are
+      (Tree-GRPO), arXiv 2509.21240: group-relative advantages at the
+      intra-tree and inter-tree levels (its abstract); the rollout trees are
       `stepcredit.train.tree`'s.
 
     Notes:
-      Which std the paper uses and how a singleton tree is treated were not
-      checked against the paper's equations or the authors' code; the
-      defaults are GRPO's as verl computes it (unbiased std, eps 1e-6), with
-      a singleton giving 0 so that chain rollouts reduce to GRPO
-      (singleton="raw" is verl's mean 0, std 1 rule).
+      Neither the paper's equations nor the authors' code (AMAP-ML/Tree-GRPO)
+      could be read here. The sum A_intra + A_inter is this library's reading
+      of the abstract and secondary summaries (a third-party reimplementation
+      documents the same sum); which std the paper uses and how a one-leaf
+      tree is treated are unchecked. The defaults are GRPO's as verl computes
+      it (unbiased std, eps 1e-6), with a singleton giving 0 so that chain
+      rollouts reduce to GRPO (singleton="raw" is verl's mean 0, std 1 rule).
 
     Example: scores [1, 0, 0, 1, 1, 1], group_ids [0, 0, 0, 0, 0, 0],
     tree_ids [0, 0, 0, 1, 1, 1]: tree 0 has mean 1/3 and std 0.5774, so

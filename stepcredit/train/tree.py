@@ -32,9 +32,16 @@ episodes of the same lengths; `tree/env_steps` counts the steps played and
 References:
   Ji et al., "Tree Search for LLM Agent Reinforcement Learning"
   (Tree-GRPO), arXiv 2509.21240 (initialisation with M chains, random
-  expansion of N nodes for L rounds, nodes as whole agent steps); Dong et
-  al., "Agentic Reinforced Policy Optimization" (ARPO), arXiv 2507.19849
-  (branching at high-entropy steps).
+  expansion of N nodes for L rounds, nodes as whole agent steps; read from
+  a summary of the method, not the paper's text); Dong et al., "Agentic
+  Reinforced Policy Optimization" (ARPO), arXiv 2507.19849 (branching at
+  high-entropy steps).
+
+Notes:
+  The paper's (M, N, L) per benchmark were not read here; a third-party
+  reimplementation starts from (2, 2, 1). `TreeShape.for_group_size` instead
+  derives a shape with `group_size` leaves per task, so that a tree run and a
+  chain run of the same `--group-size` train on as many trajectories.
 """
 
 from __future__ import annotations
