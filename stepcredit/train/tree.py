@@ -276,8 +276,9 @@ def collect_trees(graphdef, state, make_env: Callable[[], Env], tasks: Sequence[
 
     Returns:
       A `Rollout` of `len(tasks) * shape.leaves_per_task` leaves: task g's
-      leaves have group id g and tree ids g * M + m (tree m), root chains
-      first, then each round's branches. Metrics: the collections' (their
+      leaves have group id g and tree ids g * M + m (tree m), in tree order,
+      each tree's root chain first and then its branches as they were played.
+      Metrics: the collections' (their
       episode-weighted means; times summed), the leaves' steps per episode,
       return and truncation rate, and `tree/leaves` (per task),
       `tree/env_steps` (played), `tree/chain_env_steps` (the leaves' total
