@@ -2,7 +2,8 @@
 
 SPA-RL (arXiv 2505.20732) trains a progress estimator E so that the
 contributions c_t = E(s_t, a_t) of a trajectory's steps sum to its outcome R
-(`stepcredit.advantages.progress_loss`), then rewards each step with
+(`stepcredit.advantages.progress_loss`; in the trainer R is the trajectory's
+score, the sum of its step rewards, invalid-action penalties included), then rewards each step with
 alpha c_t + beta g_t (`stepcredit.advantages.spa`). Here E is a
 `TransformerPolicy` with its own parameters (the policy's architecture; it
 starts as a copy of the policy, as the authors' estimator starts from their
