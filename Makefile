@@ -29,9 +29,11 @@ run: $(VENV)/.installed-run
 # The suite runs in two processes: in one process, after compiling every other test's
 # executables, jaxlib 0.10.2 crashed (SIGSEGV / abort) while writing a trainer test's
 # executable to the persistent compilation cache; each half passes on its own.
+# Each half runs on every core (pytest-xdist, `-n auto`): the tests are mostly single-threaded
+# JAX compilation.
 test: $(VENV)/.installed-test
-	$(BIN)/python -m pytest --ignore=tests/train
-	$(BIN)/python -m pytest tests/train
+	$(BIN)/python -m pytest -n auto --ignore=tests/train
+	$(BIN)/python -m pytest -n auto tests/train
 
 bench: $(VENV)/.installed-test
 	$(BIN)/python -m benchmarks.run --output benchmarks/RESULTS.md
