@@ -3,11 +3,13 @@
     python -m benchmarks.run            # full suite, writes runs/benchmarks/RESULTS.md
     python -m benchmarks.run --output benchmarks/RESULTS.md   # updates the committed table
     python -m benchmarks.run --quick    # small sizes, a few repetitions
+    python -m benchmarks.run --skip-gae --seconds 0.3   # every estimator at B=4096, G=512, T=16
 
 Every row is a median over repeated calls after a warm-up call (compile time is
 reported apart); every ratio divides by the memory floor (NumPy copying the
 inputs' bytes) measured in the same loop, interleaved with the row it divides,
-so machine load moves both. Every result is checked against a float64 reference.
+so machine load moves both. Every result with a float64 reference (the GAE kernels, GRPO,
+GiGPO, EMPG) is checked against it.
 Each implementation gets its inputs in its own array type: NumPy arrays for the
 NumPy loops, CPU tensors for PyTorch, and for the jitted ones (rlax, stepcredit)
 jax arrays already on the device, as a JAX trainer holds them.
@@ -29,7 +31,7 @@ import numpy as np
 
 import stepcredit
 from benchmarks import baselines
-from stepcredit.advantages import get, names
+from stepcredit.advantages import CreditInputs, apply, get, names
 from stepcredit.advantages.gae import GAE_METHODS
 from tests.reference import empg as empg_ref
 from tests.reference import gae as gae_ref
@@ -75,7 +77,7 @@ class Table:
         loop_text = f"{row['loop']:8.1f}x" if row["loop"] else "        -"
         compile_text = f"{compile_s:6.2f}s" if compile_s is not None else "      -"
         error_text = f"{error:.1e}" if error is not None else "-"
-        print(f"{kernel:10s} {size:>14s} {impl:28s} {row['ms']:10.3f} ms {row['floor']:8.1f}x floor "
+        print(f"{kernel:22s} {size:>14s} {impl:28s} {row['ms']:10.3f} ms {row['floor']:8.1f}x floor "
               f"{loop_text} vs loop  compile {compile_text}  err {error_text}", flush=True)
 
 
@@ -167,52 +169,75 @@ def gae_ref_vectorised(rewards, values, mask, bootstrap):
     return advantages, advantages + np.where(mask, values, 0.0)
 
 
-def group_inputs(batch, num_groups, steps, seed=0):
+def group_inputs(batch, num_groups, steps, tokens_per_step=4, seed=0):
+    """Every credit input at `[B]`, `[B, T]` and `[B, N]` (N = T x tokens_per_step).
+
+    Groups of B / G consecutive trajectories, each group two rollout trees;
+    trajectories of 1 to T valid steps; anchors in [0, 4); each step has
+    `tokens_per_step - 1` action tokens followed by one observation token.
+    """
     rng = np.random.default_rng(seed)
     group_ids = np.repeat(np.arange(num_groups), batch // num_groups).astype(np.int32)
     mask = np.arange(steps)[None] < rng.integers(1, steps + 1, size=(batch, 1))
     step_rewards = np.where(mask, rng.normal(size=(batch, steps)), 0.0).astype(np.float32)
-    anchors = rng.integers(0, 4, size=(batch, steps)).astype(np.int32)
-    entropy = rng.uniform(0.1, 3.0, size=(batch, steps)).astype(np.float32)
-    return step_rewards, anchors, group_ids, mask, entropy
+    action = np.arange(tokens_per_step) < tokens_per_step - 1
+    step_index = np.where(mask[:, :, None] & action, np.arange(steps)[None, :, None], -1)
+    step_index = step_index.reshape(batch, -1).astype(np.int32)
+    tokens = step_index.shape[1]
+    step_floats = lambda: np.where(mask, rng.normal(size=(batch, steps)), 0.0).astype(np.float32)  # noqa: E731
+    token_floats = lambda: np.where(step_index >= 0, rng.normal(size=(batch, tokens)), 0.0).astype(np.float32)  # noqa: E731
+    return CreditInputs(
+        mask=mask, step_rewards=step_rewards, step_values=step_floats(),
+        bootstrap_value=np.where(rng.random(batch) < 0.5, rng.normal(size=batch), 0.0).astype(np.float32),
+        entropy=np.where(mask, rng.uniform(0.1, 3.0, size=(batch, steps)), 0.0).astype(np.float32),
+        anchors=rng.integers(0, 4, size=(batch, steps)).astype(np.int32), group_ids=group_ids,
+        scores=step_rewards.sum(axis=1), step_index=step_index, token_values=token_floats(),
+        prm_logp=token_floats() - 1.0, ref_logp=token_floats() - 1.0,
+        base_advantages=step_rewards,  # plain EMPG reweights these (the others ignore them)
+        tree_ids=(np.arange(batch) // max(batch // (2 * num_groups), 1)).astype(np.int32),
+        progress=step_floats(), grounding=mask & (rng.random((batch, steps)) < 0.8),
+        mc_values=step_floats(), answer_logp=np.where(mask, -rng.uniform(0.1, 3.0, size=(batch, steps)),
+                                                      0.0).astype(np.float32))
 
 
-def bench_groups(table, batch, num_groups, steps, args, available):
-    step_rewards, anchors, group_ids, mask, entropy = group_inputs(batch, num_groups, steps)
-    scores = step_rewards.sum(axis=1)
-    floor = functools.partial(baselines.memory_floor, step_rewards, anchors, mask)
+REFERENCE_LOOPS = {"grpo": "verl dict normalisation", "gigpo": "dict of (group, anchor) loops",
+                   "empg": "per-step Python loop"}
+
+
+def group_references(inputs, num_groups):
+    """The float64 references that the group rows are checked against, by estimator."""
+    arrays = {k: np.asarray(v) for k, v in inputs._asdict().items() if v is not None}
+    return {
+        "grpo": lambda: baselines.dict_grpo(arrays["scores"], arrays["group_ids"]),
+        "gigpo": lambda: gigpo_ref.gigpo(arrays["step_rewards"], arrays["anchors"],
+                                         arrays["group_ids"], arrays["mask"]),
+        "empg": lambda: empg_ref.empg(arrays["base_advantages"], arrays["entropy"], arrays["mask"]),
+    }
+
+
+def bench_groups(table, batch, num_groups, steps, args, estimators):
+    """Every estimator in `estimators` through `apply`, jitted, with the references' loops."""
+    inputs = group_inputs(batch, num_groups, steps)
+    floor = functools.partial(baselines.memory_floor, inputs.step_rewards, inputs.anchors,
+                              inputs.mask)
     reps = dict(min_seconds=args.seconds, max_reps=args.reps)
     size = f"B={batch} G={num_groups} T={steps}"
-    if "grpo" in available:
-        expected = baselines.dict_grpo(scores, group_ids)
-        loop_s, floor_s = time_calls(lambda: baselines.dict_grpo(scores, group_ids), floor, **reps)
-        table.add("grpo", size, "verl dict normalisation", loop_s, floor_s, loop_s, None, 0.0)
-        inputs = resident(scores, group_ids)
-        fn, compile_s = compiled(functools.partial(get("grpo").fn, num_groups=num_groups), *inputs)
-        seconds, floor_s = time_calls(lambda: fn(*inputs), floor, **reps)
-        table.add("grpo", size, "stepcredit", seconds, floor_s, loop_s, compile_s,
-                  max_error(fn(*inputs), expected))
-    if "gigpo" in available:
-        call = functools.partial(gigpo_ref.gigpo, step_rewards, anchors, group_ids, mask)
-        expected = call()
-        loop_s, floor_s = time_calls(call, floor, min_seconds=0.0, max_reps=3)
-        table.add("gigpo", size, "dict of (group, anchor) loops", loop_s, floor_s, loop_s, None, 0.0)
-        inputs = resident(step_rewards, anchors, group_ids, mask)
-        fn, compile_s = compiled(functools.partial(get("gigpo").fn, num_groups=num_groups), *inputs)
-        seconds, floor_s = time_calls(lambda: fn(*inputs), floor, **reps)
-        table.add("gigpo", size, "stepcredit", seconds, floor_s, loop_s, compile_s,
-                  max_error(fn(*inputs), expected))
-    if "empg" in available:
-        advantages = np.where(mask, step_rewards, 0.0).astype(np.float32)
-        call = functools.partial(empg_ref.empg, advantages, entropy, mask)
-        expected = call()
-        loop_s, floor_s = time_calls(call, floor, min_seconds=0.0, max_reps=3)
-        table.add("empg", size, "per-step Python loop", loop_s, floor_s, loop_s, None, 0.0)
-        inputs = resident(advantages, entropy, mask)
-        fn, compile_s = compiled(get("empg").fn, *inputs)
-        seconds, floor_s = time_calls(lambda: fn(*inputs), floor, **reps)
-        table.add("empg", size, "stepcredit", seconds, floor_s, loop_s, compile_s,
-                  max_error(fn(*inputs), expected))
+    references = group_references(inputs, num_groups)
+    loops = {}
+    for name in (n for n in references if n in estimators):
+        loops[name], floor_s = time_calls(references[name], floor, min_seconds=0.0, max_reps=3)
+        table.add(name, size, REFERENCE_LOOPS[name], loops[name], floor_s, loops[name], None, 0.0)
+    device_inputs = jax.tree.map(jax.device_put, inputs)
+    for name in estimators:
+        entry = get(name)
+        config = {key: value for key, value in (("num_groups", num_groups),
+                                                 ("num_trees", 2 * num_groups))
+                  if key in entry.options}
+        fn, compile_s = compiled(lambda x, name=name, config=config:
+                                 apply(name, x, config).advantages, device_inputs)
+        seconds, floor_s = time_calls(lambda: fn(device_inputs), floor, **reps)
+        error = max_error(fn(device_inputs), references[name]()) if name in references else None
+        table.add(name, size, "stepcredit", seconds, floor_s, loops.get(name), compile_s, error)
 
 
 def machine():
@@ -272,6 +297,9 @@ def main(argv=None):
     parser.add_argument("--methods", nargs="+", default=list(GAE_METHODS), choices=GAE_METHODS)
     parser.add_argument("--group-batch", type=int, default=4096)
     parser.add_argument("--num-groups", type=int, default=512)
+    parser.add_argument("--estimators", nargs="+", default=list(names()), choices=names(),
+                        metavar="NAME", help="registered estimators to time (default: all)")
+    parser.add_argument("--skip-gae", action="store_true", help="only the estimators' rows")
     parser.add_argument("--seconds", type=float, default=1.0, help="time spent per row, at least")
     parser.add_argument("--reps", type=int, default=50, help="most calls per row")
     parser.add_argument("--output", default=os.path.join("runs", "benchmarks", "RESULTS.md"),
@@ -294,12 +322,11 @@ def main(argv=None):
         args.methods = [m for m in args.methods if m != "native"]
         print(f"method 'native' is CPU-only: skipped on {jax.default_backend()}", file=sys.stderr)
     table = Table()
-    for length in args.lengths:
+    for length in [] if args.skip_gae else args.lengths:
         bench_gae(table, "step_gae", args.batch, length, args, args.methods)
-    for length in args.token_lengths:
+    for length in [] if args.skip_gae else args.token_lengths:
         bench_gae(table, "token_gae", args.batch, length, args, args.methods)
-    available = set(names())
-    bench_groups(table, args.group_batch, args.num_groups, 16, args, available)
+    bench_groups(table, args.group_batch, args.num_groups, 16, args, args.estimators)
     write_markdown(table, args.output, "python -m benchmarks.run " + " ".join(argv or sys.argv[1:]))
     print(f"wrote {args.output}")
 
