@@ -942,7 +942,8 @@ class ServerProcess:
 def start_server_process(env: str, *, env_kwargs: Mapping[str, Any] | None = None,
                          dialect: str = "id", host: str = "127.0.0.1", port: int | None = None,
                          pythonpath: Sequence[str] = (), options: Sequence[str] = (),
-                         ready_timeout_s: float = 30.0, attempts: int = 3) -> ServerProcess:
+                         cwd: str | None = None, ready_timeout_s: float = 30.0,
+                         attempts: int = 3) -> ServerProcess:
     """Starts `python -m stepcredit.serve` in a subprocess and waits until it answers.
 
     Args:
@@ -954,6 +955,9 @@ def start_server_process(env: str, *, env_kwargs: Mapping[str, Any] | None = Non
       pythonpath: directories prepended to the child's PYTHONPATH, where a
         "module:callable" spec lives (e.g. a test directory).
       options: further `stepcredit serve` options, e.g. `("--idle-timeout-s", "60")`.
+      cwd: the child's working directory (None: this one); `python -m` imports
+        `stepcredit` from there first, so a checkout of another revision serves
+        that revision's code (as benchmarks/server_load.py's baseline).
       ready_timeout_s: how long to wait for `GET /info` to answer.
       attempts: how many free ports to try when `port` is None.
 
@@ -978,7 +982,7 @@ def start_server_process(env: str, *, env_kwargs: Mapping[str, Any] | None = Non
                "--env-kwargs", json.dumps(dict(env_kwargs or {})), "--dialect", dialect,
                "--host", host, "--port", str(chosen), *options]
         server = ServerProcess(subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=log,
-                                                env=child_env), f"http://{host}:{chosen}", log)
+                                                env=child_env, cwd=cwd), f"http://{host}:{chosen}", log)
         deadline = time.monotonic() + ready_timeout_s
         while time.monotonic() < deadline and server.process.poll() is None:
             try:
