@@ -506,7 +506,7 @@ for _entry in (
               "as TRL's PPO; only the abstract and the authors' code were read, not the paper's "
               "equations",
               output_level="token", input_level="step", whiten="tokens",
-              optional={"bootstrap_value"}, options=_METHOD),
+              optional={"bootstrap_value"}, options=_GAE_METHOD),
     # VinePPO: one-step TD errors on Monte Carlo values, i.e. step GAE with lam 0 on V_MC.
     Estimator("vineppo", gae.step_gae, {"rewards": "step_rewards", "values": "mc_values",
                                         "mask": "mask"},

@@ -70,7 +70,7 @@ def spa_step_rewards(progress, grounding, mask, *, alpha: float = 1.0,
 
 def spa(progress, grounding, mask, step_index, token_values, bootstrap_value=None, *,
         alpha: float = 1.0, beta: float = 0.5, gamma: float = 0.99, lam: float = 0.95,
-        method: GaeMethod = "sequential") -> AdvantagesAndReturns:
+        method: GaeMethod = "auto") -> AdvantagesAndReturns:
     """SPA's PPO advantages: token-level GAE on the fused step rewards.
 
         r_t = alpha c_t + beta g_t                     (`spa_step_rewards`)
@@ -94,7 +94,8 @@ def spa(progress, grounding, mask, step_index, token_values, bootstrap_value=Non
       alpha, beta: the reward weights (1.0 and 0.5).
       gamma: discount along tokens (0.99, the authors' PPO config).
       lam: GAE lambda (0.95, TRL's PPOConfig default, which the authors keep).
-      method: "sequential" or "associative" scan.
+      method: how `token_gae` runs ("auto": the compiled CPU kernel where it
+        applies, else the sequential scan; `gae.gae_method`).
 
     Returns:
       `AdvantagesAndReturns` of `[B, N]` arrays, 0 off action tokens.
