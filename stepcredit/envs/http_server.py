@@ -371,6 +371,46 @@ class _EnvHost:
             self._close_env(idx, slot)
 
 
+class _CountAndIdentify:
+    """ASGI middleware: counts requests per path (for `/stats`), refuses with
+    HTTP 409 a request that names another boot in `BOOT_HEADER`, and sends the
+    boot id in that header with every answer.
+
+    Plain ASGI rather than `@app.middleware("http")`, whose per-request task
+    group and response streaming cost more than the rest of a request.
+    """
+
+    def __init__(self, app: Any, boot: str, requests: collections.Counter):
+        self._app, self._boot, self._requests = app, boot, requests
+        self._header = (BOOT_HEADER.lower().encode(), boot.encode())
+
+    async def __call__(self, scope, receive, send) -> None:
+        if scope["type"] != "http":
+            return await self._app(scope, receive, send)
+        # It runs on the event loop thread, so the counter needs no lock.
+        self._requests[scope["path"]] += 1
+        name = self._header[0]
+        expected = next((v.decode("latin-1") for k, v in scope["headers"] if k.lower() == name),
+                        None)
+
+        async def send_identified(message) -> None:
+            if message["type"] == "http.response.start":
+                message["headers"] = [*message.get("headers", ()), self._header]
+            await send(message)
+
+        if expected is not None and expected != self._boot:
+            from starlette.responses import JSONResponse
+
+            _log.warning("%s %s: refused a request for boot %s (this server is boot %s)",
+                         scope["method"], scope["path"], _short(expected), self._boot)
+            refusal = JSONResponse(
+                {"error": f"the request is for server boot {_short(expected)}, but this is boot "
+                          f"{self._boot}: the server restarted and the instances of that boot "
+                          "are gone"}, status_code=409)
+            return await refusal(scope, receive, send_identified)
+        await self._app(scope, receive, send_identified)
+
+
 def _limit_steps(env: Env, limit: int | None) -> Env:
     """Sets `env.max_steps` to the server's limit (`limit`, or none), so that the
     environment itself does not cut an episode the server lets run; an
@@ -479,22 +519,7 @@ def create_app(env_factory: EnvFactory, *, dialect: str = "id", max_envs: int = 
     app = fastapi.FastAPI(title=f"stepcredit {info['name']} ({dialect} dialect)",
                           lifespan=lifespan)
 
-    @app.middleware("http")
-    async def count_and_identify(request, call_next):
-        # Middleware runs on the event loop thread, so the counter needs no lock.
-        requests[request.url.path] += 1
-        expected = request.headers.get(BOOT_HEADER)
-        if expected is not None and expected != boot:
-            _log.warning("%s %s: refused a request for boot %s (this server is boot %s)",
-                         request.method, request.url.path, _short(expected), boot)
-            response = JSONResponse(
-                {"error": f"the request is for server boot {_short(expected)}, but this is boot "
-                          f"{boot}: the server restarted and the instances of that boot are gone"},
-                status_code=409)
-        else:
-            response = await call_next(request)
-        response.headers[BOOT_HEADER] = boot
-        return response
+    app.add_middleware(_CountAndIdentify, boot=boot, requests=requests)
 
     async def read_body(request: fastapi.Request) -> bytes:
         """The request body, refused beyond `max_body_bytes` without reading on."""
@@ -537,7 +562,7 @@ def create_app(env_factory: EnvFactory, *, dialect: str = "id", max_envs: int = 
                 raise _ProtocolError(f"the request body must be a JSON object, got {_short(raw)}")
             for key, value in request.query_params.items():
                 body.setdefault(key, int(value) if value.lstrip("-").isdigit() else value)
-            return await run_in_threadpool(handler, body)
+            result = await run_in_threadpool(handler, body)
         except _TooLarge as e:
             mistake(request, e)
             key = "detail" if loud else "error"
@@ -550,6 +575,9 @@ def create_app(env_factory: EnvFactory, *, dialect: str = "id", max_envs: int = 
         except Exception as e:  # an environment's own failure: report it, keep serving
             _log.exception("%s %s failed", request.method, request.url.path)
             return failure(_clip(f"{type(e).__name__}: {e}"), 500)
+        # The JSON FastAPI would send for `result`, without its per-value encoder
+        # (the handlers return JSON types only).
+        return JSONResponse(result)
 
     def task_of(body: dict) -> Any:
         for field in task_fields:
