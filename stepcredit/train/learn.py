@@ -74,16 +74,17 @@ class Learner:
         """Scores all rows in minibatch-sized chunks of similar length (`length_groups`), at
         their first `width` action tokens (the longest action by default)."""
         loss = self.config.loss
+        action_width = width or loss.action_width
         full = rows.tokens.shape[1]
         parts, order = [], []
-        for chunk, width in length_groups(rows.mask.sum(1), self.config.minibatch_rows,
-                                          limit=full):
-            scores = update.score(params, rows.tokens[chunk, :width], rows.mask[chunk, :width],
-                                  rows.action_mask[chunk, :width], jnp.float32(loss.temperature),
-                                  graphdef=self.parts.graphdef,
-                                  choice_markers=loss.choice_markers,
-                                  width=width or loss.action_width)
-            parts.append(jax.tree.map(lambda x: jnp.pad(x, ((0, 0), (0, full - width))), scores))
+        for chunk, columns in length_groups(rows.mask.sum(1), self.config.minibatch_rows,
+                                            limit=full):
+            scores = update.score(params, rows.tokens[chunk, :columns],
+                                  rows.mask[chunk, :columns], rows.action_mask[chunk, :columns],
+                                  jnp.float32(loss.temperature), graphdef=self.parts.graphdef,
+                                  choice_markers=loss.choice_markers, width=action_width)
+            parts.append(jax.tree.map(lambda x: jnp.pad(x, ((0, 0), (0, full - columns))),
+                                      scores))
             order.append(chunk)
         inverse = np.argsort(np.concatenate(order))
         return jax.tree.map(lambda *xs: jnp.concatenate(xs)[inverse], *parts)
