@@ -371,46 +371,6 @@ class _EnvHost:
             self._close_env(idx, slot)
 
 
-class _CountAndIdentify:
-    """ASGI middleware: counts requests per path (for `/stats`), refuses with
-    HTTP 409 a request that names another boot in `BOOT_HEADER`, and sends the
-    boot id in that header with every answer.
-
-    Plain ASGI rather than `@app.middleware("http")`, whose per-request task
-    group and response streaming cost more than the rest of a request.
-    """
-
-    def __init__(self, app: Any, boot: str, requests: collections.Counter):
-        self._app, self._boot, self._requests = app, boot, requests
-        self._header = (BOOT_HEADER.lower().encode(), boot.encode())
-
-    async def __call__(self, scope, receive, send) -> None:
-        if scope["type"] != "http":
-            return await self._app(scope, receive, send)
-        # It runs on the event loop thread, so the counter needs no lock.
-        self._requests[scope["path"]] += 1
-        name = self._header[0]
-        expected = next((v.decode("latin-1") for k, v in scope["headers"] if k.lower() == name),
-                        None)
-
-        async def send_identified(message) -> None:
-            if message["type"] == "http.response.start":
-                message["headers"] = [*message.get("headers", ()), self._header]
-            await send(message)
-
-        if expected is not None and expected != self._boot:
-            from starlette.responses import JSONResponse
-
-            _log.warning("%s %s: refused a request for boot %s (this server is boot %s)",
-                         scope["method"], scope["path"], _short(expected), self._boot)
-            refusal = JSONResponse(
-                {"error": f"the request is for server boot {_short(expected)}, but this is boot "
-                          f"{self._boot}: the server restarted and the instances of that boot "
-                          "are gone"}, status_code=409)
-            return await refusal(scope, receive, send_identified)
-        await self._app(scope, receive, send_identified)
-
-
 def _limit_steps(env: Env, limit: int | None) -> Env:
     """Sets `env.max_steps` to the server's limit (`limit`, or none), so that the
     environment itself does not cut an episode the server lets run; an
@@ -465,8 +425,8 @@ def create_app(env_factory: EnvFactory, *, dialect: str = "id", max_envs: int = 
     """
     import fastapi
     from fastapi.concurrency import run_in_threadpool
-    from fastapi.responses import JSONResponse, Response
-    from starlette.requests import ClientDisconnect
+
+    from stepcredit.envs import http_asgi
 
     if dialect not in ag.DIALECTS:
         raise ValueError(f"dialect must be one of {ag.DIALECTS}, got {dialect!r}")
@@ -518,66 +478,6 @@ def create_app(env_factory: EnvFactory, *, dialect: str = "id", max_envs: int = 
 
     app = fastapi.FastAPI(title=f"stepcredit {info['name']} ({dialect} dialect)",
                           lifespan=lifespan)
-
-    app.add_middleware(_CountAndIdentify, boot=boot, requests=requests)
-
-    async def read_body(request: fastapi.Request) -> bytes:
-        """The request body, refused beyond `max_body_bytes` without reading on."""
-        declared = request.headers.get("content-length", "")
-        if declared.isdigit() and int(declared) > max_body_bytes:
-            raise _TooLarge(f"the request body has {int(declared)} bytes; the limit is "
-                            f"max_body_bytes={max_body_bytes}")
-        raw = bytearray()
-        async for chunk in request.stream():
-            raw += chunk
-            if len(raw) > max_body_bytes:
-                raise _TooLarge(f"the request body has over {max_body_bytes} bytes; the limit "
-                                f"is max_body_bytes={max_body_bytes}")
-        return bytes(raw)
-
-    def mistake(request: fastapi.Request, error: Exception) -> None:
-        client = f"{request.client.host}:{request.client.port}" if request.client else "?"
-        _log.warning("%s %s from %s: %s", request.method, request.url.path, client,
-                     str(error).replace("\n", " "))
-
-    def failure(message: str, status: int) -> Any:
-        """An error answer: 200 `{"error": ...}`, or for a dialect whose client
-        asserts a 200, `{"detail": ...}` with the HTTP error `status`."""
-        if loud:
-            return JSONResponse({"detail": message}, status_code=status)
-        return {"error": message}
-
-    async def answer(request: fastapi.Request, handler: Callable[[dict], Any]) -> Any:
-        """Parses the JSON body (or query), runs `handler` on a worker thread so
-        that slow environments do not block the event loop, and turns every
-        failure into an error answer (see `failure`; 413 for a body over the
-        limit, after which the connection is closed, as the rest is unread)."""
-        try:
-            raw = await read_body(request)
-            try:
-                body = json.loads(raw) if raw.strip() else {}
-            except (json.JSONDecodeError, UnicodeDecodeError) as e:
-                raise _ProtocolError(f"the request body is not JSON: {_clip(str(e))}") from None
-            if not isinstance(body, dict):
-                raise _ProtocolError(f"the request body must be a JSON object, got {_short(raw)}")
-            for key, value in request.query_params.items():
-                body.setdefault(key, int(value) if value.lstrip("-").isdigit() else value)
-            result = await run_in_threadpool(handler, body)
-        except _TooLarge as e:
-            mistake(request, e)
-            key = "detail" if loud else "error"
-            return JSONResponse({key: str(e)}, status_code=413, headers={"Connection": "close"})
-        except _ProtocolError as e:
-            mistake(request, e)
-            return failure(str(e), 400)
-        except ClientDisconnect:  # e.g. closed by the body read timeout; nobody reads this
-            return Response(status_code=400)
-        except Exception as e:  # an environment's own failure: report it, keep serving
-            _log.exception("%s %s failed", request.method, request.url.path)
-            return failure(_clip(f"{type(e).__name__}: {e}"), 500)
-        # The JSON FastAPI would send for `result`, without its per-value encoder
-        # (the handlers return JSON types only).
-        return JSONResponse(result)
 
     def task_of(body: dict) -> Any:
         for field in task_fields:
@@ -713,53 +613,26 @@ def create_app(env_factory: EnvFactory, *, dialect: str = "id", max_envs: int = 
         host.close(body.get(id_field))
         return {"closed": True} if dialect == "webshop" else True
 
-    @app.post("/create")
-    async def create(request: fastapi.Request):
-        return await answer(request, do_create)
-
-    @app.post("/reset")
-    async def reset(request: fastapi.Request):
-        return await answer(request, do_reset)
-
-    @app.post("/step")
-    async def step(request: fastapi.Request):
-        return await answer(request, do_step)
-
-    @app.get("/observation")
-    async def observation(request: fastapi.Request):
-        return await answer(request, do_observation)
-
-    @app.get("/available_actions")
-    async def available_actions(request: fastapi.Request):
-        return await answer(request, do_available_actions)
-
-    @app.post("/close")
-    async def close(request: fastapi.Request):
-        return await answer(request, do_close)
-
+    routes = {"/create": ("POST", do_create), "/reset": ("POST", do_reset),
+              "/step": ("POST", do_step), "/observation": ("GET", do_observation),
+              "/available_actions": ("GET", do_available_actions),
+              "/close": ("POST", do_close)}
     if dialect == "alfworld":
-        @app.get("/detail")
-        async def detail(request: fastapi.Request):
-            def do_detail(body: dict) -> Any:
-                host.observation(body.get(id_field))
-                return host.slot(body.get(id_field)).detail
-            return await answer(request, do_detail)
+        def do_detail(body: dict) -> Any:
+            host.observation(body.get(id_field))
+            return host.slot(body.get(id_field)).detail
+        routes["/detail"] = ("GET", do_detail)
 
     if dialect == "webshop":
-        @app.get("/instruction_text")
-        async def instruction_text(request: fastapi.Request):
-            return await answer(request, lambda body: (
-                f"Instruction: {host.observation(body.get(id_field)).task}"))
-
-        @app.get("/state")
-        async def state(request: fastapi.Request):
-            def do_state(body: dict) -> Any:
-                obs = host.observation(body.get(id_field))
-                page = str(obs.anchor).split("|", 1)[0]
-                return {"url": f"stepcredit://{info['name']}/{page}",
-                        "html": host.slot(body.get(id_field)).shown,
-                        "instruction_text": obs.task}
-            return await answer(request, do_state)
+        def do_state(body: dict) -> Any:
+            obs = host.observation(body.get(id_field))
+            page = str(obs.anchor).split("|", 1)[0]
+            return {"url": f"stepcredit://{info['name']}/{page}",
+                    "html": host.slot(body.get(id_field)).shown,
+                    "instruction_text": obs.task}
+        routes["/instruction_text"] = ("GET", lambda body: (
+            f"Instruction: {host.observation(body.get(id_field)).task}"))
+        routes["/state"] = ("GET", do_state)
 
         @app.get("/list_envs")
         async def list_envs():
@@ -774,6 +647,11 @@ def create_app(env_factory: EnvFactory, *, dialect: str = "id", max_envs: int = 
         return {"envs": len(host), "expired": host.expired_total, "boot": boot,
                 "requests": dict(requests)}
 
+    # Added innermost first: every request is counted and identified, and
+    # only then answered as a protocol endpoint or passed to FastAPI.
+    app.add_middleware(http_asgi.Endpoints, routes=routes, max_body_bytes=max_body_bytes,
+                       loud=loud)
+    app.add_middleware(http_asgi.CountAndIdentify, boot=boot, requests=requests)
     return app
 
 
@@ -812,40 +690,54 @@ def resolve_env_factory(spec: str, env_kwargs: Mapping[str, Any] | None = None) 
 
 
 def _timed_protocol(header_timeout_s: float, body_timeout_s: float) -> type:
-    """uvicorn's h11 protocol with read deadlines, which uvicorn lacks.
+    """uvicorn's httptools protocol with read deadlines, which uvicorn lacks.
 
     A connection is closed (and one line logged) when a request's headers do
     not arrive within `header_timeout_s` of the connection's start or of their
     first byte, or its body within `body_timeout_s` of its headers. Between
     requests, uvicorn's keep-alive timeout closes idle connections.
-    """
-    import h11
-    from uvicorn.protocols.http.h11_impl import H11Protocol
 
-    class TimedH11Protocol(H11Protocol):
+    httptools (a C parser) rather than uvicorn's default h11 (pure Python),
+    whose parsing and response framing cost about as much as the rest of a
+    request together.
+    """
+    from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+
+    class TimedHttpToolsProtocol(HttpToolsProtocol):
         _phase: str | None = None
         _timer: Any = None
+        # What the parser last saw of the request being received: its first
+        # byte ("headers"), its headers ("body"), or all of it (None).
+        _receiving: str | None = None
 
         def connection_made(self, transport) -> None:
             super().connection_made(transport)
-            self._watch(headers=True)
+            self._arm("headers")
 
         def data_received(self, data: bytes) -> None:
             super().data_received(data)
-            self._watch(headers=True)
+            self._arm(self._receiving)
+
+        def on_message_begin(self) -> None:
+            super().on_message_begin()
+            self._receiving = "headers"
+
+        def on_headers_complete(self) -> None:
+            super().on_headers_complete()
+            self._receiving = "body"
+
+        def on_message_complete(self) -> None:
+            super().on_message_complete()
+            self._receiving = None
 
         def on_response_complete(self) -> None:
             super().on_response_complete()
-            self._watch(headers=False)  # idle between requests: keep-alive's business
+            # Idle between requests (headers not begun): keep-alive's business.
+            self._arm("body" if self._receiving == "body" else None)
 
         def connection_lost(self, exc) -> None:
             self._arm(None)
             super().connection_lost(exc)
-
-        def _watch(self, headers: bool) -> None:
-            state = self.conn.their_state
-            self._arm("body" if state is h11.SEND_BODY else
-                      "headers" if state is h11.IDLE and headers else None)
 
         def _arm(self, phase: str | None) -> None:
             if phase == self._phase:
@@ -866,7 +758,7 @@ def _timed_protocol(header_timeout_s: float, body_timeout_s: float) -> type:
                              "within %g s", peer, phase, limit)
                 self.transport.close()
 
-    return TimedH11Protocol
+    return TimedHttpToolsProtocol
 
 
 def build_server(app: Any, *, host: str = "127.0.0.1", port: int = 8000,
