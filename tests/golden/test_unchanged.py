@@ -5,7 +5,8 @@ registry took over the binding of estimator inputs (commit "tests: golden
 outputs"); this test recomputes every array through today's code paths
 (`compute_advantages`, offline credit, `stepcredit train`) and asks for
 bit-identical results on every array it recorded (estimators registered since
-then add arrays of their own, which it does not judge).
+then add arrays of their own, which it does not judge), except those that a
+later change moved by float32 rounding on purpose (`ROUNDED`).
 """
 
 import numpy as np
@@ -21,13 +22,40 @@ INTENDED = {
 }
 
 
+# Arrays allowed to move by float32 rounding (within ROUNDING of their largest magnitude, at
+# least 1), by key prefix, with the reason.
+ROUNDED = {
+    ("offline/step_gae/", "offline/token_gae/"):
+        "GAE's default became the compiled CPU kernel (method='auto'), which adds in another "
+        "order than the scan that recorded them",
+    ("train/",):
+        "XLA:CPU compiles for the CPU it runs on, so a transformer's sums are ordered by its "
+        "vector width: on an AVX-512 EPYC, two iterations of training ended up to 3e-5 "
+        "(relative) from the recorded runs with the recording's own code; a change of logic "
+        "moves them by far more (a shadowed argument moved grpo+istar's by 0.18)",
+}
+ROUNDING = 1e-4
+
+
+def rounded(key: str) -> bool:
+    return any(key.startswith(prefixes) for prefixes in ROUNDED)
+
+
+def same(key: str, actual, expected) -> bool:
+    if not rounded(key):
+        return np.array_equal(actual, expected, equal_nan=True)
+    actual, expected = np.asarray(actual, np.float64), np.asarray(expected, np.float64)
+    scale = max(1.0, float(np.nanmax(np.abs(expected), initial=0.0)))
+    return actual.shape == expected.shape and np.allclose(actual, expected, rtol=0,
+                                                          atol=ROUNDING * scale, equal_nan=True)
+
+
 def test_estimators_offline_credit_and_training_are_unchanged():
     expected = np.load(GOLDEN)
     keys = [key for key in expected.files if not measures_time(key)]
     actual = compute_all()
     # Estimators registered after the snapshot add arrays; every recorded one must remain.
     assert set(keys) <= set(actual), f"no longer computed: {sorted(set(keys) - set(actual))[:5]}"
-    changed = {key for key in keys
-               if not np.array_equal(actual[key], expected[key], equal_nan=True)}
+    changed = {key for key in keys if not same(key, actual[key], expected[key])}
     assert changed == set(INTENDED), (f"unintended: {sorted(changed - set(INTENDED))[:5]}; "
                                       f"intended but unchanged: {sorted(set(INTENDED) - changed)}")
