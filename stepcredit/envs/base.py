@@ -112,6 +112,15 @@ class SnapshotEnv(Env, Protocol):
         """A new, independent environment in the same state as this one."""
 
 
+def require_snapshots(env: Env, purpose: str) -> None:
+    """Raises ValueError, in one line naming the environment and `purpose`, unless `env`
+    is a `SnapshotEnv` (the embedded simulators; not TextWorld or an HTTP server)."""
+    if not isinstance(env, SnapshotEnv):
+        name = getattr(env, "name", type(env).__name__)
+        raise ValueError(f"{purpose} from snapshots of visited states, but environment "
+                         f"{name!r} has no snapshots (snapshot()/restore()/clone())")
+
+
 def step_info(*, valid: bool, won: bool = False, score: float = 0.0, error: str = "",
               **extra: Any) -> dict[str, Any]:
     """Builds the `info` dict every environment returns, with its required keys."""

@@ -7,11 +7,12 @@ import dataclasses
 import jax
 import numpy as np
 
+from stepcredit.envs.base import require_snapshots
 from stepcredit.envs.pool import EnvPool
 from stepcredit.rollout import Rollout, collect
 from stepcredit.train import information_gain, vine
 from stepcredit.train.build import Parts, make_env
-from stepcredit.train.tree import TreeShape, collect_trees, require_snapshots
+from stepcredit.train.tree import BRANCHES_NEED, TreeShape, collect_trees
 
 # Dynamic sampling plays at most this many extra rounds of tasks to fill a batch.
 MAX_REFILL_ROUNDS = 3
@@ -36,7 +37,7 @@ class Collector:
             self.trees = TreeShape(c.tree_count, c.tree_branches, c.tree_rounds, c.tree_branching)
             env = make_env(c, "train")
             try:
-                require_snapshots(env)
+                require_snapshots(env, BRANCHES_NEED)
             finally:
                 env.close()
         if parts.estimator.needs_mc_values:

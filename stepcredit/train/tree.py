@@ -54,11 +54,13 @@ import jax
 import numpy as np
 
 from stepcredit.batch import Trajectory
-from stepcredit.envs.base import Env, Observation, SnapshotEnv
+from stepcredit.envs.base import Env, Observation, SnapshotEnv, require_snapshots
 from stepcredit.envs.pool import EnvPool
 from stepcredit.rollout import Rollout, RolloutConfig, collect, history_action
 
 BRANCHING = ("random", "entropy")
+# What `require_snapshots` tells an environment without snapshots.
+BRANCHES_NEED = "tree rollouts branch"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -163,14 +165,6 @@ class _Recording:
         self.env.close()
 
 
-def require_snapshots(env: Env) -> None:
-    """Raises, in one line naming the environment, unless it supports snapshots."""
-    if not isinstance(env, SnapshotEnv):
-        raise ValueError(f"tree rollouts branch from snapshots of the environment's state, but "
-                         f"environment {getattr(env, 'name', type(env).__name__)!r} has no "
-                         "snapshot()/restore()/clone()")
-
-
 def expandable(starts: Sequence[int], lengths: Sequence[int]) -> list[tuple[int, int]]:
     """A tree's nodes that can be expanded, as (leaf, prefix): the branch keeps leaf's
     steps 0..prefix-1 and plays on from step `prefix`. Leaf k has `lengths[k]` steps,
@@ -236,7 +230,7 @@ def _play(graphdef, state, make_env: Callable[[], Env], tasks: Sequence[int],
     try:
         for start in starts:
             env = make_env()
-            require_snapshots(env)
+            require_snapshots(env, BRANCHES_NEED)
             envs.append(_Recording(env, start))
     except BaseException:
         for env in envs:

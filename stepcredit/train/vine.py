@@ -48,7 +48,7 @@ import jax
 import numpy as np
 
 from stepcredit.batch import Trajectory
-from stepcredit.envs.base import Observation, SnapshotEnv, StepResult, step_info
+from stepcredit.envs.base import Observation, StepResult, require_snapshots, step_info
 from stepcredit.envs.pool import EnvPool
 from stepcredit.keys import stable_key
 from stepcredit.rollout import Rollout, RolloutConfig, collect, history_action
@@ -83,10 +83,7 @@ def check_snapshots(config) -> None:
     """Raises ValueError, in one line naming it, unless `config.env` can be snapshotted."""
     env = make_env(config, "train")
     try:
-        if not isinstance(env, SnapshotEnv):
-            raise ValueError(f"vineppo: environment {config.env!r} has no snapshots "
-                             "(SnapshotEnv); its Monte Carlo values continue episodes from "
-                             "visited states, which only the embedded simulators can")
+        require_snapshots(env, "vineppo's Monte Carlo values continue episodes")
     finally:
         env.close()
 

@@ -8,14 +8,14 @@ import pytest
 from flax import nnx
 
 from stepcredit.batch import StepRecord, Trajectory
-from stepcredit.envs import registry
+from stepcredit.envs import registry, require_snapshots
 from stepcredit.keys import stable_key
 from stepcredit.models.transformer import TransformerConfig, TransformerPolicy
 from stepcredit.rollout import RolloutConfig
 from stepcredit.train.build import build, build_tokenizer, resolve
 from stepcredit.train.collection import Collector
 from stepcredit.train.config import TrainConfig
-from stepcredit.train.tree import (TreeShape, choose_nodes, collect_trees, require_snapshots,
+from stepcredit.train.tree import (BRANCHES_NEED, TreeShape, choose_nodes, collect_trees,
                                    step_entropies)
 
 TASKS = [0, 3]
@@ -132,7 +132,7 @@ def test_environments_without_snapshots_are_refused_in_one_line():
         name, max_steps = "plainenv", 3
 
     with pytest.raises(ValueError, match="environment 'plainenv' has no snapshot") as raised:
-        require_snapshots(Plain())
+        require_snapshots(Plain(), BRANCHES_NEED)
     assert "\n" not in str(raised.value)
 
 

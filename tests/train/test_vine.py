@@ -133,5 +133,5 @@ def test_environments_without_snapshots_are_refused(monkeypatch):
             pass
 
     monkeypatch.setattr(vine, "make_env", lambda config, split: Plain())
-    with pytest.raises(ValueError, match="environment 'textworld' has no snapshots"):
+    with pytest.raises(ValueError, match="vineppo's Monte Carlo values .* environment 'plain' has no snapshots"):
         vine.check_snapshots(TrainConfig(env="textworld", estimator="vineppo"))
