@@ -84,6 +84,19 @@ def test_step_after_done_bad_json_bad_task_and_capacity(client):
     assert client.get("/stats").json()["envs"] == 0
 
 
+def test_other_methods_and_paths_are_answered_as_fastapi_routes_would(client):
+    # The protocol's endpoints are served in front of FastAPI (stepcredit.envs.http_asgi):
+    # another method is still FastAPI's 405 naming the allowed one, an unknown path its 404.
+    for method, path, allowed in (("GET", "/step", "POST"), ("POST", "/observation", "GET"),
+                                  ("DELETE", "/create", "POST")):
+        answer = client.request(method, path)
+        assert answer.status_code == 405 and answer.json() == {"detail": "Method Not Allowed"}
+        assert answer.headers["allow"] == allowed and "x-stepcredit-boot" in answer.headers
+    missing = client.post("/steps", json={})
+    assert missing.status_code == 404 and missing.json() == {"detail": "Not Found"}
+    assert client.get("/stats").json()["requests"]["/steps"] == 1
+
+
 def test_create_app_checks_its_arguments():
     with pytest.raises(ValueError, match="dialect must be one of"):
         create_app(CounterEnv, dialect="idx")
