@@ -239,3 +239,70 @@ def test_gigpo_step_groups_use_the_kernel_on_cpu_and_the_sort_elsewhere(monkeypa
     retraced = lambda first, second: _pair_ids(first, second)  # noqa: E731 (a fresh trace)
     assert native._PAIR_TARGET not in lowered_text(retraced, first, second)
     assert same_partition(jax.jit(retraced)(first, second), _sorted_pair_ids(first, second))
+
+
+def _group_cases():
+    """float32 values with NaN where invalid, ids in random order (runs of all lengths,
+    singletons, an all-equal group, empty groups, out-of-range ids) and a mask."""
+    rng = np.random.default_rng(2)
+    ids = np.concatenate([np.repeat(np.arange(40), rng.integers(1, 30, 40)),
+                          rng.integers(-3, 64, 400)]).astype(np.int32)
+    values = (rng.normal(size=ids.size) * 10.0 ** rng.integers(-3, 4)).astype(np.float32)
+    values[ids == 7] = 2.5  # an all-equal group
+    valid = rng.random(ids.size) < 0.8
+    values[~valid] = np.nan
+    return values, ids, valid, 60  # ids 60..63 and negative ones are out of range
+
+
+def test_group_stats_kernel_equals_the_segment_sums():
+    from stepcredit.advantages.group import GroupStats, _segment_group_stats
+
+    values, ids, valid, num_groups = _group_cases()
+    kernel = GroupStats(*jax.jit(native.group_stats, static_argnums=3)(values, ids, valid,
+                                                                        num_groups))
+    expected = _segment_group_stats(values, ids, valid, num_groups, None)
+    for name, got, want in zip(GroupStats._fields, kernel, expected):
+        np.testing.assert_allclose(got, want, rtol=2e-6, atol=1e-6, err_msg=name)
+    batched = jax.vmap(native.group_stats, in_axes=(0, None, 0, None))(
+        np.stack([values, values[::-1]]), ids, np.stack([valid, valid[::-1]]), num_groups)
+    np.testing.assert_array_equal(batched[0][0], kernel.mean)
+
+
+@pytest.mark.parametrize("std", ["unbiased", "biased", "none"])
+@pytest.mark.parametrize("singleton", ["zero", "raw"])
+def test_group_normalize_kernel_equals_the_segment_sums(std, singleton):
+    from stepcredit.advantages.group import _segment_normalize
+
+    values, ids, valid, num_groups = _group_cases()
+    options = dict(num_groups=num_groups, std=std, eps=1e-6, singleton=singleton)
+    got = jax.jit(functools.partial(native.group_normalize, **options))(values, ids, valid)
+    want = _segment_normalize(values, ids, valid, axis_name=None, **options)
+    assert np.all(np.isfinite(got))
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+    assert np.all(np.asarray(got)[(ids == 7) & valid] == 0.0)
+    traced_eps = jax.jit(lambda eps: native.group_normalize(values, ids, valid, num_groups,
+                                                            std=std, eps=eps,
+                                                            singleton=singleton))(1e-6)
+    np.testing.assert_array_equal(traced_eps, got)
+
+
+def test_group_normalisation_uses_the_kernel_on_cpu_and_segment_sums_elsewhere(monkeypatch):
+    from stepcredit.advantages.group import _normalize, _segment_normalize
+
+    values, ids, valid, num_groups = _group_cases()
+    options = dict(std="unbiased", eps=1e-6, singleton="zero")
+    call = lambda v, i, m: _normalize(v, i, m, num_groups, axis_name=None, **options)  # noqa: E731
+    allow = [jax.export.DisabledSafetyCheck.custom_call(native._NORMALIZE_TARGET)]
+
+    def lowered(platform):
+        return jax.export.export(jax.jit(call), platforms=[platform],
+                                 disabled_checks=allow)(values, ids, valid).mlir_module()
+
+    assert native._NORMALIZE_TARGET in lowered("cpu")
+    assert native._NORMALIZE_TARGET not in lowered("cuda")
+    expected = _segment_normalize(values, ids, valid, num_groups=num_groups, axis_name=None,
+                                  **options)
+    np.testing.assert_allclose(jax.jit(call)(values, ids, valid), expected, rtol=1e-5, atol=1e-5)
+    monkeypatch.setattr(native, "build_error", lambda: "no compiler here")
+    retraced = lambda v, i, m: call(v, i, m)  # noqa: E731 (a fresh trace)
+    assert native._NORMALIZE_TARGET not in lowered_text(retraced, values, ids, valid)
