@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import collections
 import contextlib
 import json
 import os
@@ -44,6 +45,7 @@ sys.path.insert(0, ROOT)
 
 from stepcredit.envs.http_server import start_server_process  # noqa: E402
 
+PATHS = ("/create", "/reset", "/step", "/close")
 BEGIN, END = "<!-- server_load:begin -->", "<!-- server_load:end -->"
 
 
@@ -79,15 +81,16 @@ class _Connection:
 
 
 async def _client(host: str, port: int, seed: int, steps: int, warmup_until: float,
-                  stop_at: float, latencies: list[float]) -> None:
-    """Plays episodes until `stop_at`, appending each counted request's latency."""
+                  stop_at: float, latencies: dict[str, list[float]]) -> None:
+    """Plays episodes until `stop_at`, appending the latency of each request that
+    ends between `warmup_until` and `stop_at` to `latencies[path]`."""
     rng = random.Random(seed)
     conn = await _Connection.open(host, port)
 
     async def call(path: str, body: dict) -> dict:
         answer, latency = await conn.post(path, body)
-        if time.perf_counter() >= warmup_until:
-            latencies.append(latency)
+        if warmup_until <= time.perf_counter() < stop_at:
+            latencies[path].append(latency)
         if isinstance(answer, dict) and "error" in answer:
             raise RuntimeError(f"POST {path} {body}: {answer['error']}")
         return answer
@@ -114,9 +117,9 @@ def _cpu_seconds(pid: int) -> float:
 
 
 async def _load(port: int, clients: int, seconds: float, warmup_s: float,
-                steps: int) -> list[float]:
+                steps: int) -> dict[str, list[float]]:
     start = time.perf_counter()
-    latencies: list[float] = []
+    latencies: dict[str, list[float]] = collections.defaultdict(list)
     await asyncio.gather(*(
         _client("127.0.0.1", port, seed, steps, start + warmup_s, start + warmup_s + seconds,
                 latencies) for seed in range(clients)))
@@ -134,9 +137,11 @@ def _round(label: str, cwd: str, args: argparse.Namespace) -> dict:
         server_cpu = _cpu_seconds(server.process.pid) - server_cpu
         client_cpu = time.process_time() - client_cpu
     wall = args.seconds + args.warmup_s
-    quantiles = statistics.quantiles(latencies, n=100)
-    figures = {"label": label, "rps": len(latencies) / args.seconds,
+    quantiles = statistics.quantiles([t for ts in latencies.values() for t in ts], n=100)
+    figures = {"label": label, "rps": sum(map(len, latencies.values())) / args.seconds,
                "p50_ms": 1e3 * quantiles[49], "p99_ms": 1e3 * quantiles[98],
+               "p99_by_path": {path: 1e3 * statistics.quantiles(latencies[path], n=100)[98]
+                               for path in PATHS},
                "server_cpu": server_cpu / wall, "client_cpu": client_cpu / wall}
     print(f"{label:9s} {figures['rps']:8,.0f} requests/s  p50 {figures['p50_ms']:7.1f} ms  "
           f"p99 {figures['p99_ms']:7.1f} ms  CPU: server {figures['server_cpu']:.0%}, "
@@ -157,22 +162,27 @@ def _worktree(rev: str):
 
 
 def _commit(cwd: str) -> str:
-    return subprocess.run(["git", "-C", cwd, "rev-parse", "--short", "HEAD"], check=True,
-                          capture_output=True, text=True).stdout.strip()
+    """The checkout's short commit, marked when the served code has uncommitted changes."""
+    def git(*args: str) -> str:
+        return subprocess.run(["git", "-C", cwd, *args], check=True, capture_output=True,
+                              text=True).stdout.strip()
+    dirty = git("status", "--porcelain", "--", "stepcredit/envs", "stepcredit/serve.py")
+    return git("rev-parse", "--short", "HEAD") + (" + uncommitted changes" if dirty else "")
 
 
 def _section(args: argparse.Namespace, command: str, runs: list[dict]) -> str:
     labels = list(dict.fromkeys(run["label"] for run in runs))
     median = {label: {key: statistics.median(run[key] for run in runs if run["label"] == label)
                       for key in ("rps", "p50_ms", "p99_ms")} for label in labels}
-    lines = ["| server | round | requests/s | p50 (ms) | p99 (ms) | server CPU | client CPU |",
-             "|---|---:|---:|---:|---:|---:|---:|"]
+    lines = ["| server | round | requests/s | p50 (ms) | p99 (ms) | p99 create / reset / step / "
+             "close (ms) | server CPU | client CPU |", "|---|---:|---:|---:|---:|---:|---:|---:|"]
     seen: dict[str, int] = {}
     for run in runs:
         seen[run["label"]] = seen.get(run["label"], 0) + 1
+        by_path = " / ".join(f"{v:.0f}" for v in run["p99_by_path"].values())
         lines.append(f"| {run['label']} | {seen[run['label']]} | {run['rps']:,.0f} | "
-                     f"{run['p50_ms']:.1f} | {run['p99_ms']:.1f} | {run['server_cpu']:.0%} | "
-                     f"{run['client_cpu']:.0%} |")
+                     f"{run['p50_ms']:.1f} | {run['p99_ms']:.1f} | {by_path} | "
+                     f"{run['server_cpu']:.0%} | {run['client_cpu']:.0%} |")
     lines += ["", "| server | median requests/s | median p50 (ms) | median p99 (ms) |",
               "|---|---:|---:|---:|"]
     lines += [f"| {label} | {m['rps']:,.0f} | {m['p50_ms']:.1f} | {m['p99_ms']:.1f} |"
