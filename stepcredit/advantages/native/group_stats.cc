@@ -35,25 +35,29 @@ namespace {
 
 constexpr int kLanes = 8;
 
-// A run of consecutive elements [begin, end) with one id g in [0, num_groups).
-// A group's rows are usually adjacent, so runs are long and each is reduced
-// in registers, kLanes elements at a time: a sum through memory, element by
-// element, waits on the previous element's add (as XLA:CPU's scatter does).
-struct Run {
-  int32_t g;
-  int64_t begin, end;
-};
+// Visits each run of consecutive elements [begin, end) with one id g in
+// [0, used): `run(g, begin, end)`; ids outside are skipped. A group's rows are
+// usually adjacent, so runs are long and each is reduced in vector registers,
+// kLanes elements at a time (a sum through memory, element by element, waits
+// on the previous element's add, as XLA:CPU's scatter does). When runs are
+// short on average (GiGPO's step groups), finding them would mispredict a
+// branch per element: each element is then its own run, and an id outside
+// goes to the slot `dump`.
+constexpr int64_t kShortRun = 2 * kLanes;
 
-std::vector<Run> Runs(const int32_t* id, int64_t n, int64_t num_groups) {
-  std::vector<Run> runs;
+template <typename Run>
+void ForRuns(const int32_t* id, int64_t n, int64_t used, bool by_element, int64_t dump, Run run) {
+  if (by_element) {
+    for (int64_t i = 0; i < n; ++i) run(id[i] >= 0 && id[i] < used ? id[i] : dump, i, i + 1);
+    return;
+  }
   int64_t i = 0;
   while (i < n) {
     const int32_t g = id[i];
     const int64_t begin = i;
     while (i < n && id[i] == g) ++i;
-    if (g >= 0 && g < num_groups) runs.push_back({g, begin, i});
+    if (g >= 0 && g < used) run(g, begin, i);
   }
-  return runs;
 }
 
 // x where ok, else `otherwise`, by bit masks rather than a branch (random
@@ -123,6 +127,15 @@ struct Extremes {
         low = std::numeric_limits<float>::infinity();
   int32_t count = 0;
   bool nan = false;
+
+  void Add(float x, bool valid) {
+    const float y = Keep(x, valid, 0.0f);
+    nan |= y != y;
+    largest = std::max(largest, std::fabs(y));
+    high = std::max(high, Keep(x, valid, -std::numeric_limits<float>::infinity()));
+    low = std::min(low, Keep(x, valid, std::numeric_limits<float>::infinity()));
+    count += valid;
+  }
 };
 
 // Extremes of [begin, end) merged into e, in kLanes lanes of each quantity.
@@ -144,14 +157,7 @@ __attribute__((noinline)) void AddExtremes(const float* v, const bool* ok, int64
       count[k] += valid;
     }
   }
-  for (; i < end; ++i) {  // the tail, in lane 0
-    const float y = Keep(v[i], ok[i], 0.0f);
-    nan[0] |= y != y;
-    largest[0] = std::max(largest[0], std::fabs(y));
-    high[0] = std::max(high[0], Keep(v[i], ok[i], -inf));
-    low[0] = std::min(low[0], Keep(v[i], ok[i], inf));
-    count[0] += ok[i];
-  }
+  for (; i < end; ++i) e.Add(v[i], ok[i]);
   for (int k = 0; k < kLanes; ++k) {
     e.largest = std::max(e.largest, largest[k]), e.high = std::max(e.high, high[k]);
     e.low = std::min(e.low, low[k]), e.count += count[k], e.nan |= nan[k] != 0;
@@ -169,35 +175,52 @@ struct Stats {
 // Per-group statistics of groups 0 .. used - 1 (used = 1 + the largest id in
 // range) and, at index used, those of an empty group: ids up to num_groups
 // are possible but often far fewer occur (GiGPO's step groups), so the work
-// and memory follow the ids that occur.
+// and memory follow the ids that occur. Index used + 1 takes the writes of
+// out-of-range ids when elements are visited one by one.
 Stats Compute(const float* v, const int32_t* id, const bool* ok, int64_t n, int64_t num_groups) {
-  int64_t used = 0;
+  int64_t used = 0, changes = 0;
   for (int64_t i = 0; i < n; ++i) {
     if (id[i] < num_groups) used = std::max<int64_t>(used, id[i] + 1);
+    changes += i > 0 && id[i] != id[i - 1];
   }
-  num_groups = used + 1;
-  const std::vector<Run> runs = Runs(id, n, num_groups);
+  const bool by_element = n < kShortRun * (changes + 1);
+  const int64_t dump = used + 1;
+  num_groups = used + 2;
   std::vector<Extremes> extremes(num_groups);
   std::vector<float> scale(num_groups), total(num_groups, 0.0f), squares(num_groups, 0.0f);
-  for (const Run& r : runs) AddExtremes(v, ok, r.begin, r.end, extremes[r.g]);
+  ForRuns(id, n, used, by_element, dump, [&](int32_t g, int64_t begin, int64_t end) {
+    if (end - begin >= kShortRun) return AddExtremes(v, ok, begin, end, extremes[g]);
+    for (int64_t i = begin; i < end; ++i) extremes[g].Add(v[i], ok[i]);
+  });
   for (int64_t g = 0; g < num_groups; ++g) {
     int exponent = 0;  // XLA's frexp of NaN and inf
     const Extremes& e = extremes[g];
     if (!e.nan && std::isfinite(e.largest)) std::frexp(e.largest, &exponent);
     scale[g] = std::ldexp(1.0f, -std::clamp(exponent, -125, 126));
   }
-  for (const Run& r : runs) {
-    const float s = scale[r.g];
-    total[r.g] += ScaledSum(v, ok, r.begin, r.end, s);
-  }
+  ForRuns(id, n, used, by_element, dump, [&](int32_t g, int64_t begin, int64_t end) {
+    const float s = scale[g];
+    if (end - begin >= kShortRun) {
+      total[g] += ScaledSum(v, ok, begin, end, s);
+      return;
+    }
+    for (int64_t i = begin; i < end; ++i) total[g] += Keep(v[i] * s, ok[i], 0.0f);
+  });
   for (int64_t g = 0; g < num_groups; ++g) {  // the scaled mean m_g
     total[g] = extremes[g].nan ? std::numeric_limits<float>::quiet_NaN()
                                : total[g] / std::max(static_cast<float>(extremes[g].count), 1.0f);
   }
-  for (const Run& r : runs) {
-    const float s = scale[r.g], mean = total[r.g];
-    squares[r.g] += SquaredDeviationSum(v, ok, r.begin, r.end, s, mean);
-  }
+  ForRuns(id, n, used, by_element, dump, [&](int32_t g, int64_t begin, int64_t end) {
+    const float s = scale[g], mean = total[g];
+    if (end - begin >= kShortRun) {
+      squares[g] += SquaredDeviationSum(v, ok, begin, end, s, mean);
+      return;
+    }
+    for (int64_t i = begin; i < end; ++i) {
+      const float d = v[i] * s - mean;
+      squares[g] += Keep(d * d, ok[i], 0.0f);
+    }
+  });
   Stats stats{std::vector<float>(num_groups), std::vector<float>(num_groups),
               std::vector<float>(num_groups), std::vector<float>(num_groups),
               std::vector<char>(num_groups)};
@@ -215,10 +238,10 @@ Stats Compute(const float* v, const int32_t* id, const bool* ok, int64_t n, int6
 }
 
 // A gather's index: negative ids count from the end, then clamp; a group that
-// does not occur reads the empty group's slot of `stats` (its last).
+// does not occur reads the empty group's slot of `stats` (next to last).
 inline int64_t ReadIndex(int32_t id, int64_t num_groups, const Stats& stats) {
   const int64_t g = std::clamp<int64_t>(id < 0 ? id + num_groups : id, 0, num_groups - 1);
-  return std::min<int64_t>(g, stats.count.size() - 1);
+  return std::min<int64_t>(g, stats.count.size() - 2);
 }
 
 ffi::Error CheckSizes(int64_t n, int64_t ids, int64_t valid, int64_t num_groups) {
