@@ -421,7 +421,9 @@ def create_app(env_factory: EnvFactory, *, dialect: str = "id", max_envs: int = 
 
     Returns:
       A `fastapi.FastAPI` app; run it with `serve` (which adds header and body
-      read timeouts) or any ASGI server.
+      read timeouts) or any ASGI server. The protocol's endpoints are answered
+      by its middleware (`http_asgi.Endpoints`, for speed), so only `/info`,
+      `/stats` (and WebShop's `/list_envs`) are FastAPI routes.
     """
     import fastapi
     from fastapi.concurrency import run_in_threadpool
