@@ -172,6 +172,11 @@ def group_stats(values, group_ids, valid=None, *, num_groups: int,
       `GroupStats(mean, std_unbiased, std_biased, count)`, each of the shape
       of `values`; see `GroupStats` for the conventions of small groups.
 
+    Notes:
+      On CPU, float32 values without `axis_name` go through a compiled kernel
+      (`stepcredit.advantages.native`; the same numbers to float32 rounding),
+      which has no derivative; elsewhere, segment sums.
+
     Example: values [1, 2, 3, 5], group_ids [0, 0, 0, 1], num_groups 2 gives
     mean [2, 2, 2, 5], std_unbiased [1, 1, 1, 0], count [3, 3, 3, 1].
     """

@@ -178,11 +178,13 @@ struct Stats {
 // and memory follow the ids that occur. Index used + 1 takes the writes of
 // out-of-range ids when elements are visited one by one.
 Stats Compute(const float* v, const int32_t* id, const bool* ok, int64_t n, int64_t num_groups) {
-  int64_t used = 0, changes = 0;
-  for (int64_t i = 0; i < n; ++i) {
-    if (id[i] < num_groups) used = std::max<int64_t>(used, id[i] + 1);
-    changes += i > 0 && id[i] != id[i - 1];
-  }
+  // Two branch-free loops, so that they vectorise.
+  const int32_t bound = static_cast<int32_t>(std::min<int64_t>(num_groups, INT32_MAX));
+  int32_t top = -1;
+  for (int64_t i = 0; i < n; ++i) top = std::max(top, id[i] < bound ? id[i] : -1);
+  int64_t changes = 0;
+  for (int64_t i = 1; i < n; ++i) changes += id[i] != id[i - 1];
+  const int64_t used = static_cast<int64_t>(top) + 1;
   const bool by_element = n < kShortRun * (changes + 1);
   const int64_t dump = used + 1;
   num_groups = used + 2;
