@@ -139,7 +139,8 @@ struct Extremes {
 };
 
 // Extremes of [begin, end) merged into e, in kLanes lanes of each quantity.
-__attribute__((noinline)) void AddExtremes(const float* v, const bool* ok, int64_t begin, int64_t end, Extremes& e) {
+__attribute__((noinline)) void AddExtremes(const float* v, const bool* ok, int64_t begin,
+                                           int64_t end, Extremes& e) {
   constexpr float inf = std::numeric_limits<float>::infinity();
   float largest[kLanes], high[kLanes], low[kLanes];
   int32_t count[kLanes] = {}, nan[kLanes] = {};
