@@ -18,14 +18,13 @@ Conventions (never NaN):
 
 from __future__ import annotations
 
-import functools
 from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from stepcredit.advantages import _checks, native
+from stepcredit.advantages import _checks
 from stepcredit.advantages.recurrence import Method, reverse_linear_recurrence
 
 STDS = ("unbiased", "biased", "none")
@@ -172,11 +171,6 @@ def group_stats(values, group_ids, valid=None, *, num_groups: int,
       `GroupStats(mean, std_unbiased, std_biased, count)`, each of the shape
       of `values`; see `GroupStats` for the conventions of small groups.
 
-    Notes:
-      On CPU, float32 values without `axis_name` go through a compiled kernel
-      (`stepcredit.advantages.native`; the same numbers to float32 rounding),
-      which has no derivative; elsewhere, segment sums.
-
     Example: values [1, 2, 3, 5], group_ids [0, 0, 0, 1], num_groups 2 gives
     mean [2, 2, 2, 5], std_unbiased [1, 1, 1, 0], count [3, 3, 3, 1].
     """
@@ -194,27 +188,6 @@ def group_stats(values, group_ids, valid=None, *, num_groups: int,
 
 
 def _group_stats(values, ids, valid, num_groups, axis_name) -> GroupStats:
-    """`group_stats` of validated arguments (ids of the values' shape)."""
-    return _native_or(lambda *args: GroupStats(*native.group_stats(*args, num_groups)),
-                      lambda *args: _segment_group_stats(*args, num_groups, axis_name),
-                      axis_name, values, ids, valid)
-
-
-def _native_or(kernel, by_segments, axis_name, values, ids, valid):
-    """`kernel(values, ids, valid)` on CPU, for float32 values without `axis_name`, once the
-    compiled kernels (`native`) are built: the same numbers, to float32 rounding, in one
-    call instead of a scatter and a gather per statistic; else `by_segments(...)`."""
-    if axis_name is not None or values.dtype != jnp.float32:
-        return by_segments(values, ids, valid)
-
-    def on_cpu(*args):
-        return by_segments(*args) if native.build_error() else kernel(*args)
-
-    return jax.lax.platform_dependent(values, ids, valid, cpu=on_cpu, default=by_segments)
-
-
-def _segment_group_stats(values, ids, valid, num_groups, axis_name) -> GroupStats:
-    """`_group_stats` by segment sums: two passes over power-of-two-scaled values."""
     dtype = values.dtype
     # 2^e above each group's largest magnitude; 1 for an empty or all-zero group.
     largest = _segment_extreme(jnp.where(valid, jnp.abs(values), 0.0), ids, num_groups,
@@ -273,16 +246,7 @@ def _check_scores(fn: str, scores, group_ids, num_groups, axis_name):
 
 def _normalize(values, ids, valid, num_groups, *, std, eps, singleton, axis_name):
     """(v - mean) / (std + eps) within groups, with the small-group conventions; 0 where invalid."""
-    kernel = functools.partial(native.group_normalize, num_groups=num_groups, std=std, eps=eps,
-                               singleton=singleton)
-    by_segments = functools.partial(_segment_normalize, num_groups=num_groups, std=std, eps=eps,
-                                    singleton=singleton, axis_name=axis_name)
-    return _native_or(kernel, by_segments, axis_name, values, ids, valid)
-
-
-def _segment_normalize(values, ids, valid, *, num_groups, std, eps, singleton, axis_name):
-    """`_normalize` by segment sums."""
-    stats = _segment_group_stats(values, ids, valid, num_groups, axis_name)
+    stats = _group_stats(values, ids, valid, num_groups, axis_name)
     centered = values - stats.mean
     if std == "none":
         advantages = centered

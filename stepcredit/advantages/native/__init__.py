@@ -11,18 +11,6 @@ a time in SIMD registers.
 groups): with a hash table in one pass instead of XLA:CPU's comparator sort,
 which costs over a hundred times the memory-copy floor.
 
-`group_stats` gives each element its group's mean, stds and count, and
-`group_normalize` its group-normalised value (`group_stats.cc`, behind
-`group._group_stats` and `group._normalize`, so GRPO, GiGPO, iStar and the other
-group estimators): a few passes over the elements into per-group accumulators,
-each run of adjacent elements of one group reduced in registers, where XLA:CPU
-runs a scatter and a gather per statistic (six of each to normalise), serial
-loops that at B=4096, T=16 cost a hundred times the memory-copy floor. Their
-sums add eight partial sums, so they equal the pure-JAX path to float32
-rounding, not bit for bit. `group.py` uses them on CPU for float32 values
-without `axis_name` (the psum across devices needs the sums between passes),
-and the pure-JAX path elsewhere. Like the GAE kernel they have no derivative.
-
 The C++ sources are compiled with the system compiler (`$CXX`, else `c++`) the
 first time a process uses it, against the XLA FFI headers that jaxlib ships,
 and cached under `$STEPCREDIT_NATIVE_CACHE` (default `~/.cache/stepcredit/native`),
@@ -54,15 +42,11 @@ import numpy as np
 from stepcredit.advantages import _checks
 
 _SOURCES = tuple(os.path.join(os.path.dirname(__file__), name)
-                 for name in ("masked_gae.cc", "pair_ids.cc", "group_stats.cc"))
+                 for name in ("masked_gae.cc", "pair_ids.cc"))
 # FFI target name -> the handler symbol in the library.
 _TARGET = "stepcredit_masked_gae_f32"
 _PAIR_TARGET = "stepcredit_pair_ids_s32"
-_STATS_TARGET = "stepcredit_group_stats_f32"
-_NORMALIZE_TARGET = "stepcredit_group_normalize_f32"
-_SYMBOLS = {_TARGET: "StepcreditMaskedGaeF32", _PAIR_TARGET: "StepcreditPairIdsS32",
-            _STATS_TARGET: "StepcreditGroupStatsF32",
-            _NORMALIZE_TARGET: "StepcreditGroupNormalizeF32"}
+_SYMBOLS = {_TARGET: "StepcreditMaskedGaeF32", _PAIR_TARGET: "StepcreditPairIdsS32"}
 _FLAGS = ("-O3", "-march=native", "-std=c++17", "-shared", "-fPIC", "-w")
 
 
@@ -227,68 +211,3 @@ def pair_ids(first: jax.Array, second: jax.Array) -> jax.Array:
     call = jax.ffi.ffi_call(_PAIR_TARGET, jax.ShapeDtypeStruct(first.shape, jnp.int32),
                             vmap_method="sequential")
     return _vary_over(call(first, second), varying)
-
-
-
-def _group_call(target: str, out, values, ids, valid, *scalars, **attributes):
-    """Calls a group kernel on (values, ids, valid, *scalars) as one device's arrays."""
-    _register()
-    operands = (values, ids.astype(jnp.int32), valid, *scalars)
-    varying = frozenset().union(*(jax.typeof(x).manual_axis_type.varying for x in operands))
-    call = jax.ffi.ffi_call(target, out, vmap_method="sequential")
-    result = call(*(_vary_over(x, varying) for x in operands), **attributes)
-    return jax.tree.map(lambda x: _vary_over(x, varying), result)
-
-
-def group_stats(values: jax.Array, ids: jax.Array, valid: jax.Array, num_groups: int):
-    """Each element's group statistics by the compiled CPU kernel.
-
-    The math, conventions and out-of-range rules of `group._group_stats` (the
-    power-of-two scaling included), on one device.
-
-    Args:
-      values: float32 array, any shape.
-      ids: int32 group ids of the shape of `values`.
-      valid: bool mask of the shape of `values`.
-      num_groups: static number of groups.
-
-    Returns:
-      `(mean, std_unbiased, std_biased, count)`, float32, each of the shape of
-      `values`.
-
-    Raises:
-      NativeBuildError: the kernel could not be built.
-    """
-    floats = jax.ShapeDtypeStruct(values.shape, jnp.float32)
-    return _group_call(_STATS_TARGET, (floats,) * 4, values, ids, valid,
-                       num_groups=np.int64(num_groups))
-
-
-def group_normalize(values: jax.Array, ids: jax.Array, valid: jax.Array, num_groups: int, *,
-                    std: str, eps, singleton: str) -> jax.Array:
-    """`group._normalize` by the compiled CPU kernel: (v - mean) / (std + eps) within groups.
-
-    With its rules: 0 for an all-equal group, v / (1 + eps) (v under
-    std="none") for a singleton under singleton="raw", 0 where invalid.
-
-    Args:
-      values: float32 array, any shape.
-      ids: int32 group ids of the shape of `values`.
-      valid: bool mask of the shape of `values`.
-      num_groups: static number of groups.
-      std: "unbiased", "biased" or "none".
-      eps: added to the std (a float, or a traced float32 scalar).
-      singleton: "zero" or "raw".
-
-    Returns:
-      float32 advantages of the shape of `values`.
-
-    Raises:
-      NativeBuildError: the kernel could not be built.
-    """
-    raw_divisor = 1.0 if std == "none" else 1.0 + eps
-    return _group_call(_NORMALIZE_TARGET, jax.ShapeDtypeStruct(values.shape, jnp.float32),
-                       values, ids, valid, jnp.asarray(eps, jnp.float32),
-                       jnp.asarray(raw_divisor, jnp.float32), num_groups=np.int64(num_groups),
-                       std_kind=np.int64(("unbiased", "biased", "none").index(std)),
-                       raw_singleton=singleton == "raw")
