@@ -31,8 +31,10 @@ ROUNDED = {
     ("train/",):
         "XLA:CPU compiles for the CPU it runs on, so a transformer's sums are ordered by its "
         "vector width: on an AVX-512 EPYC, two iterations of training ended up to 3e-5 "
-        "(relative) from the recorded runs with the recording's own code; a change of logic "
-        "moves them by far more (a shadowed argument moved grpo+istar's by 0.18)",
+        "(relative) from the recorded runs with the recording's own code. grpo+istar's run "
+        "is reproducible on the recording's CPU type only: its PRM starts as a copy of the "
+        "policy, so its first implicit rewards are rounding noise, which the step baseline's "
+        "normalisation (std + 1e-6) magnifies to advantages of 0.04 to 0.07",
 }
 ROUNDING = 1e-4
 
