@@ -16,14 +16,17 @@ import asyncio
 import collections
 import concurrent.futures
 import json
+import logging
 from typing import Any, Callable, Mapping
 
 from starlette.datastructures import QueryParams
 from starlette.requests import ClientDisconnect
 from starlette.responses import JSONResponse, Response
 
-from stepcredit.envs.http_server import (BOOT_HEADER, _clip, _log, _ProtocolError, _short,
-                                         _TooLarge)
+from stepcredit.envs.http_protocol import BOOT_HEADER, ProtocolError, TooLarge, clip, short
+
+# The server's logger: its one-line messages name the server module, as before this layer.
+_log = logging.getLogger("stepcredit.envs.http_server")
 
 Handler = Callable[[dict], Any]
 
@@ -66,9 +69,9 @@ class CountAndIdentify:
 
         if expected is not None and expected != self._boot:
             _log.warning("%s %s: refused a request for boot %s (this server is boot %s)",
-                         scope["method"], scope["path"], _short(expected), self._boot)
+                         scope["method"], scope["path"], short(expected), self._boot)
             refusal = JSONResponse(
-                {"error": f"the request is for server boot {_short(expected)}, but this is boot "
+                {"error": f"the request is for server boot {short(expected)}, but this is boot "
                           f"{self._boot}: the server restarted and the instances of that boot "
                           "are gone"}, status_code=409)
             return await refusal(scope, receive, send_identified)
@@ -113,7 +116,7 @@ class Endpoints:
         limit = self._max_body_bytes
         declared = _header(scope, b"content-length") or ""
         if declared.isdigit() and int(declared) > limit:
-            raise _TooLarge(f"the request body has {int(declared)} bytes; the limit is "
+            raise TooLarge(f"the request body has {int(declared)} bytes; the limit is "
                             f"max_body_bytes={limit}")
         raw, more = bytearray(), True
         while more:
@@ -123,7 +126,7 @@ class Endpoints:
             raw += message.get("body", b"")
             more = message.get("more_body", False)
             if len(raw) > limit:
-                raise _TooLarge(f"the request body has over {limit} bytes; the limit "
+                raise TooLarge(f"the request body has over {limit} bytes; the limit "
                                 f"is max_body_bytes={limit}")
         return bytes(raw)
 
@@ -149,23 +152,23 @@ class Endpoints:
             try:
                 body = json.loads(raw) if raw.strip() else {}
             except (json.JSONDecodeError, UnicodeDecodeError) as e:
-                raise _ProtocolError(f"the request body is not JSON: {_clip(str(e))}") from None
+                raise ProtocolError(f"the request body is not JSON: {clip(str(e))}") from None
             if not isinstance(body, dict):
-                raise _ProtocolError(f"the request body must be a JSON object, got {_short(raw)}")
+                raise ProtocolError(f"the request body must be a JSON object, got {short(raw)}")
             if scope["query_string"]:
                 for key, value in QueryParams(scope["query_string"]).items():
                     body.setdefault(key, int(value) if value.lstrip("-").isdigit() else value)
             result = await asyncio.get_running_loop().run_in_executor(_WORKERS, handler, body)
-        except _TooLarge as e:
+        except TooLarge as e:
             self._mistake(scope, e)
             key = "detail" if self._loud else "error"
             return JSONResponse({key: str(e)}, status_code=413, headers={"Connection": "close"})
-        except _ProtocolError as e:
+        except ProtocolError as e:
             self._mistake(scope, e)
             return self._failure(str(e), 400)
         except ClientDisconnect:  # e.g. closed by the body read timeout; nobody reads this
             return Response(status_code=400)
         except Exception as e:  # an environment's own failure: report it, keep serving
             _log.exception("%s %s failed", scope["method"], scope["path"])
-            return self._failure(_clip(f"{type(e).__name__}: {e}"), 500)
+            return self._failure(clip(f"{type(e).__name__}: {e}"), 500)
         return JSONResponse(result)

@@ -52,7 +52,7 @@ import httpx
 
 from stepcredit.envs.agentgym_schema import ServerSchema, get_schema, webshop_actions
 from stepcredit.envs.base import Observation, StepResult, as_actions, step_info
-from stepcredit.envs.http_server import BOOT_HEADER
+from stepcredit.envs.http_protocol import BOOT_HEADER
 
 _log = logging.getLogger(__name__)
 

@@ -92,6 +92,7 @@ from typing import Any, Callable, Mapping, Sequence
 
 from stepcredit.envs import agentgym_dialects as ag
 from stepcredit.envs.base import Env, Observation
+from stepcredit.envs.http_protocol import BOOT_HEADER, ProtocolError, TooLarge, clip, short
 
 _log = logging.getLogger(__name__)
 
@@ -109,10 +110,6 @@ _DIALECT_TASK_FIELD = {"alfworld": "game", "webshop": "session_id", "searchqa": 
 # An environment's step limit when the server sets none: larger than any episode.
 _NO_LIMIT = sys.maxsize
 
-# The response header naming the server's start (and the request header that
-# names the start a client expects); AgentGym clients ignore unknown headers.
-BOOT_HEADER = "X-Stepcredit-Boot"
-
 # Instance ids stay below 2**53, which every JSON parser holds exactly; a start
 # draws its first id below 2**52, which leaves room for 2**52 creates.
 _ID_SPACE = 2**52
@@ -127,15 +124,6 @@ BODY_TIMEOUT_S = 30.0
 
 # How many expired ids are remembered, to answer "expired" rather than "invalid id".
 _EXPIRED_MEMORY = 1 << 16
-
-
-class _ProtocolError(Exception):
-    """A client's mistake, which the protocol refuses: answered as `{"error":
-    message}` and logged in one line."""
-
-
-class _TooLarge(_ProtocolError):
-    """A request body over `max_body_bytes`: answered with HTTP 413."""
 
 
 @dataclasses.dataclass
@@ -170,16 +158,6 @@ def _jsonable(value: Any) -> Any:
     if isinstance(value, Mapping):
         return {str(k): _jsonable(v) for k, v in value.items()}
     return repr(value)
-
-
-def _short(value: Any, limit: int = 60) -> str:
-    """The repr of `value`, cut to `limit` characters, for quoting in a message."""
-    return _clip(repr(value), limit)
-
-
-def _clip(text: str, limit: int = 200) -> str:
-    """`text` cut to `limit` characters, saying how long it was."""
-    return text if len(text) <= limit else f"{text[:limit]}... ({len(text)} characters)"
 
 
 def _observation_fields(obs: Observation) -> dict[str, Any]:
@@ -217,7 +195,7 @@ class _EnvHost:
             if len(self._slots) + self._building >= self._max_envs:
                 expiry = (f" (idle ones expire after idle_timeout_s={self._idle_timeout_s:g})"
                           if self._idle_timeout_s > 0 else "")
-                raise _ProtocolError(f"server holds max_envs={self._max_envs} environments; "
+                raise ProtocolError(f"server holds max_envs={self._max_envs} environments; "
                                      f"close some first{expiry}")
             idx = self._next_id
             self._next_id += 1
@@ -275,7 +253,7 @@ class _EnvHost:
     def _slot(self, idx: Any) -> _Slot:
         """The live instance `idx`, marked as used now."""
         if isinstance(idx, bool) or not isinstance(idx, int):
-            raise _ProtocolError(f"the environment id must be an integer, got {_short(idx)}")
+            raise ProtocolError(f"the environment id must be an integer, got {short(idx)}")
         now = time.monotonic()
         with self._lock:
             slot = self._slots.get(idx)
@@ -290,9 +268,9 @@ class _EnvHost:
         if slot is not None:
             self._close_env(idx, slot)
         if expired:
-            raise _ProtocolError(f"environment {idx} expired: no request named it for "
+            raise ProtocolError(f"environment {idx} expired: no request named it for "
                                  f"idle_timeout_s={self._idle_timeout_s:g}; create a new one")
-        raise _ProtocolError(f"invalid id {idx}: no such environment (never created, "
+        raise ProtocolError(f"invalid id {idx}: no such environment (never created, "
                              "or closed)")
 
     @contextlib.contextmanager
@@ -300,7 +278,7 @@ class _EnvHost:
         """Holds `slot.lock` for one operation and marks the slot used when it ends."""
         with slot.lock:
             if slot.closed:
-                raise _ProtocolError(f"environment {idx} was closed or expired while this "
+                raise ProtocolError(f"environment {idx} was closed or expired while this "
                                      "request waited for it")
             try:
                 yield
@@ -315,19 +293,19 @@ class _EnvHost:
             try:
                 observation = slot.env.reset(task)
             except (ValueError, TypeError, LookupError) as e:
-                raise _ProtocolError(f"{type(e).__name__}: {_clip(str(e))}") from e
+                raise ProtocolError(f"{type(e).__name__}: {clip(str(e))}") from e
             slot.observation, slot.finished, slot.steps = observation, False, 0
             return observation
 
     def step(self, idx: Any, action: Any) -> tuple[Observation, float, bool, bool, dict]:
         if not isinstance(action, str):
-            raise _ProtocolError(f"action must be a string, got {_short(action)}")
+            raise ProtocolError(f"action must be a string, got {short(action)}")
         slot = self._slot(idx)
         with self._using(idx, slot):
             if slot.observation is None:
-                raise _ProtocolError(f"environment {idx} has not been reset")
+                raise ProtocolError(f"environment {idx} has not been reset")
             if slot.finished:
-                raise _ProtocolError(f"environment {idx} is done; reset it before stepping")
+                raise ProtocolError(f"environment {idx} is done; reset it before stepping")
             result = slot.env.step(action)
             slot.steps += 1
             truncated = bool(result.truncated) or (
@@ -350,7 +328,7 @@ class _EnvHost:
     def observation(self, idx: Any) -> Observation:
         slot = self._slot(idx)
         if slot.observation is None:
-            raise _ProtocolError(f"environment {idx} has not been reset")
+            raise ProtocolError(f"environment {idx} has not been reset")
         return slot.observation
 
     def close(self, idx: Any) -> None:
@@ -493,7 +471,7 @@ def create_app(env_factory: EnvFactory, *, dialect: str = "id", max_envs: int = 
             num_tasks = getattr(slot.env, "num_tasks", None)
             if isinstance(num_tasks, int) and num_tasks > 0:
                 return secrets.randbelow(num_tasks)
-        raise _ProtocolError(f"reset needs the task under one of {task_fields}")
+        raise ProtocolError(f"reset needs the task under one of {task_fields}")
 
     def actions_of(obs: Observation) -> list[str] | None:
         return None if obs.admissible_actions is None else list(obs.admissible_actions)
@@ -501,7 +479,7 @@ def create_app(env_factory: EnvFactory, *, dialect: str = "id", max_envs: int = 
     def do_create(body: dict) -> Any:
         if dialect == "searchqa" and body.get("id") is not None and (
                 isinstance(body["id"], bool) or not isinstance(body["id"], int)):
-            raise _ProtocolError(f"create's id must be an integer, got {_short(body['id'])}")
+            raise ProtocolError(f"create's id must be an integer, got {short(body['id'])}")
         idx = host.create()
         return {"id": idx} if id_field == "id" else idx
 
@@ -510,8 +488,8 @@ def create_app(env_factory: EnvFactory, *, dialect: str = "id", max_envs: int = 
         if dialect == "alfworld":
             world_type = body.get("world_type", "Text")
             if world_type not in ag.ALFWORLD_WORLD_TYPES:
-                raise _ProtocolError(f"world_type must be one of {ag.ALFWORLD_WORLD_TYPES}, "
-                                     f"got {_short(world_type)}")
+                raise ProtocolError(f"world_type must be one of {ag.ALFWORLD_WORLD_TYPES}, "
+                                     f"got {short(world_type)}")
         task = task_of(body)
         obs = host.reset(idx, task)
         if dialect == "id":
@@ -537,7 +515,7 @@ def create_app(env_factory: EnvFactory, *, dialect: str = "id", max_envs: int = 
 
     def check_action(action: Any) -> None:
         if isinstance(action, str) and len(action) > max_action_chars:
-            raise _ProtocolError(f"action is {len(action)} characters; the limit is "
+            raise ProtocolError(f"action is {len(action)} characters; the limit is "
                                  f"max_action_chars={max_action_chars}")
 
     def do_step(body: dict) -> Any:
@@ -569,7 +547,7 @@ def create_app(env_factory: EnvFactory, *, dialect: str = "id", max_envs: int = 
         the simulator is reset and its searches replayed (it is deterministic),
         so only a right answer (or the step limit) ends the episode."""
         if not isinstance(action, str):
-            raise _ProtocolError(f"action must be a string, got {_short(action)}")
+            raise ProtocolError(f"action must be a string, got {short(action)}")
         mapped = ag.searchqa_action(action)
         tag, simulator_action = mapped if mapped is not None else ("", "")
         obs, reward, done, truncated, step_info = host.step(idx, simulator_action)
@@ -609,7 +587,7 @@ def create_app(env_factory: EnvFactory, *, dialect: str = "id", max_envs: int = 
         if dialect == "searchqa":
             try:
                 host.close(body.get(id_field))
-            except _ProtocolError:
+            except ProtocolError:
                 return False  # SearchQA's server answers false for an unknown id
             return True
         host.close(body.get(id_field))

@@ -60,7 +60,9 @@ def test_close_all_closes_in_parallel(caplog):
             close_all(envs)  # one after another: 8 x 0.5 s
         elapsed = time.monotonic() - start
         release.set()
-        assert elapsed < 1.5 and server.requests["/close"] == 8
+        # In parallel about 0.5 s; the bound leaves room for a loaded CI machine and still
+        # refuses one after another (4 s).
+        assert elapsed < 3.0 and server.requests["/close"] == 8
         assert len(caplog.records) == 1 and "8 of 8" in caplog.text  # one summary line
         with pytest.raises(RuntimeError, match="closed"):
             envs[0].reset(0)
