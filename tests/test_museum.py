@@ -206,7 +206,8 @@ def test_verl_pr_1440_value_mask_stays_aligned_under_dynamic_batching(monkeypatc
         rollout=types.SimpleNamespace(max_prompt_tokens=90, action_length=6),
         loss=types.SimpleNamespace(temperature=1.0, choice_markers=(), action_width=None,
                                    value_coef=0.5))
-    learner = learn.Learner(types.SimpleNamespace(config=config, graphdef=None), None)
+    learner = learn.Learner(types.SimpleNamespace(config=config, graphdef=None,
+                                                  estimator=adv.get("step_gae")), None)
     monkeypatch.setattr(learn.update, "score", fake_score)
     scored = learner.score(None, rows)
 

@@ -33,6 +33,7 @@ def _pair_ids(first: jax.Array, second: jax.Array) -> jax.Array:
             return _sorted_pair_ids(first, second)
         return native.pair_ids(first, second)
 
+    first, second = first.astype(jnp.int32), second.astype(jnp.int32)  # the kernel's type
     return jax.lax.platform_dependent(first, second, cpu=on_cpu, default=_sorted_pair_ids)
 
 

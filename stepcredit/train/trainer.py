@@ -319,7 +319,7 @@ class Trainer:
                 break
         if self.multiprocess:
             check_same_on_every_process({k: v for k, v in self.state.as_tree().items()
-                                         if k in ("policy", "prm")}, "the parameters")
+                                         if k in ("policy", "prm", "progress")}, "the parameters")
         return history
 
     def _report(self, iteration: int, metrics: dict[str, float], began: float, start: int,

@@ -233,8 +233,10 @@ def with_mc_values(parts: Parts, policy, rollout: Rollout, tasks: Sequence[Any],
 
 
 def mc_value_array(trajectories: Sequence[Trajectory], num_steps: int) -> np.ndarray:
-    """`[B, num_steps]` float32 V_MC(s_t) of each step (0 on padding), from `info[MC_VALUE]`."""
+    """`[B, num_steps]` float32 V_MC(s_t) of each step (0 on padding), from `info[MC_VALUE]`;
+    steps past `num_steps` are cut, as `collate` cuts them."""
     out = np.zeros((len(trajectories), num_steps), np.float32)
     for b, trajectory in enumerate(trajectories):
-        out[b, :len(trajectory.steps)] = [s.info[MC_VALUE] for s in trajectory.steps]
+        steps = trajectory.steps[:num_steps]
+        out[b, :len(steps)] = [s.info[MC_VALUE] for s in steps]
     return out

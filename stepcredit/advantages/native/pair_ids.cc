@@ -34,7 +34,7 @@ ffi::Error PairIds(ffi::Buffer<ffi::S32> first, ffi::Buffer<ffi::S32> second,
                    ffi::ResultBuffer<ffi::S32> ids) {
   const int64_t n = first.element_count();
   if (second.element_count() != n || ids->element_count() != n) {
-    return ffi::Error::InvalidArgument("pair_ids: first and second disagree in size");
+    return ffi::Error::InvalidArgument("pair_ids: first, second and ids must have equal sizes");
   }
   uint64_t capacity = 16;
   while (capacity < 2 * static_cast<uint64_t>(n)) capacity <<= 1;
