@@ -16,12 +16,12 @@ import argparse
 import os
 import platform
 import random
-import re
 import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+from benchmarks.sections import write_section  # noqa: E402
 from stepcredit.envs import AlfWorldEnv, HotpotQAEnv, WebShopEnv  # noqa: E402
 
 TARGET = 20_000
@@ -81,14 +81,7 @@ def main(argv: list[str] | None = None) -> int:
         "`step` calls only (building observations, admissible actions and anchors included); "
         "the policy's choice and the oracle's planning are excluded. Default configs "
         "(difficulty 1, split train).", "", *lines, END])
-    text = open(args.out).read() if os.path.exists(args.out) else "# Environment speed\n"
-    if BEGIN in text:
-        text = re.sub(re.escape(BEGIN) + ".*?" + re.escape(END), lambda _: section, text,
-                      flags=re.S)
-    else:
-        text = text.rstrip("\n") + "\n\n" + section + "\n"
-    with open(args.out, "w") as f:
-        f.write(text)
+    write_section(args.out, section, BEGIN, END, "Environment speed")
     print("\n".join(lines))
     print(f"wrote {args.out}")
     return 0

@@ -43,6 +43,7 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
+from benchmarks.sections import write_section  # noqa: E402
 from stepcredit.envs.http_server import start_server_process  # noqa: E402
 
 PATHS = ("/create", "/reset", "/step", "/close")
@@ -226,14 +227,7 @@ def main(argv: list[str] | None = None) -> int:
         runs = [_round(label, cwd, args) for _ in range(args.rounds) for label, cwd in servers]
 
     section = _section(args, command.strip(), runs)
-    text = open(args.out).read() if os.path.exists(args.out) else "# Server load\n"
-    if BEGIN in text:
-        text = re.sub(re.escape(BEGIN) + ".*?" + re.escape(END), lambda _: section, text,
-                      flags=re.S)
-    else:
-        text = text.rstrip("\n") + "\n\n" + section + "\n"
-    with open(args.out, "w") as f:
-        f.write(text)
+    write_section(args.out, section, BEGIN, END, "Server load")
     print(f"wrote {args.out}")
     return 0
 

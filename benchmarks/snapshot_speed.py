@@ -17,13 +17,13 @@ import copy
 import os
 import platform
 import random
-import re
 import statistics
 import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+from benchmarks.sections import write_section  # noqa: E402
 from stepcredit.envs import AlfWorldEnv, HotpotQAEnv, WebShopEnv  # noqa: E402
 
 TARGET_S = 1e-3  # snapshot + restore must stay under a millisecond
@@ -91,14 +91,7 @@ def main(argv: list[str] | None = None) -> int:
         "mid-episode environments per simulator (default configs: difficulty 1, split train). "
         "Snapshots copy only the episode state; `copy.deepcopy` also copies the shared "
         "catalogue, knowledge base or layouts.", "", *lines, END])
-    text = open(args.out).read() if os.path.exists(args.out) else "# Environment speed\n"
-    if BEGIN in text:
-        text = re.sub(re.escape(BEGIN) + ".*?" + re.escape(END), lambda _: section, text,
-                      flags=re.S)
-    else:
-        text = text.rstrip("\n") + "\n\n" + section + "\n"
-    with open(args.out, "w") as f:
-        f.write(text)
+    write_section(args.out, section, BEGIN, END, "Environment speed")
     print("\n".join(lines))
     print(f"wrote {args.out}")
     return 0
