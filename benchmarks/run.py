@@ -283,9 +283,18 @@ def write_markdown(table, path, command):
         error = f"{row['error']:.1e}" if row["error"] is not None else "-"
         lines.append(f"| {row['kernel']} | {row['size']} | {row['impl']} | {row['ms']:.3f} | "
                      f"{floor_ms:.3f} | {row['ms'] / floor_ms:.1f} | {loop} | {compile_s} | {error} |")
+    # The sections written by hand below the table (notes, profiles) stay.
+    kept = ""
+    if os.path.exists(path):
+        with open(path) as f:
+            old = f.read()
+        start = old.find("\n## ")
+        kept = old[start:] if start >= 0 else ""
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    with open(path, "w") as f:
-        f.write("\n".join(lines) + "\n")
+    temporary = f"{path}.tmp-{os.getpid()}"
+    with open(temporary, "w") as f:
+        f.write("\n".join(lines) + "\n" + kept)
+    os.replace(temporary, path)
 
 
 def main(argv=None):
