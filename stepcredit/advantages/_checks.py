@@ -71,6 +71,20 @@ def leading_dim(fn: str, batch_size: int, **arrays: jax.Array) -> None:
                              f"({batch_size},), one entry per trajectory")
 
 
+def step_and_group_arrays(fn: str, name: str, steps: Any, mask: Any, scores: Any,
+                          group_ids: Any) -> tuple[jax.Array, jax.Array, jax.Array, jax.Array]:
+    """The shape and dtype checks of a group estimator of `[B, T]` float `name` (`steps`)
+    with its `[B, T]` bool mask and `[B]` float scores and int group ids; returns the four
+    as arrays (steps, mask, scores, group_ids)."""
+    steps = float_array(fn, name, steps, rank=2)
+    mask = bool_array(fn, "mask", mask, rank=2)
+    same_shape(fn, "[B, T]", **{name: steps, "mask": mask})
+    scores = float_array(fn, "scores", scores, rank=1)
+    group_ids = int_array(fn, "group_ids", group_ids, rank=1)
+    leading_dim(fn, mask.shape[0], scores=scores, group_ids=group_ids)
+    return steps, mask, scores, group_ids
+
+
 def unit_interval(fn: str, **scalars: Any) -> None:
     """Raises `ValueError` for a concrete hyperparameter outside [0, 1]."""
     for name, value in scalars.items():

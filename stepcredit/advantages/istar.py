@@ -272,12 +272,8 @@ def istar(scores, step_rewards, group_ids, mask, *, alpha: float = 1.0, episode:
     _checks.one_of(fn, "episode", episode, EPISODES)
     _checks.one_of(fn, "step_baseline", step_baseline, STEP_BASELINES)
     _checks.one_of(fn, "std", std, group_lib.STDS)
-    mask = _checks.bool_array(fn, "mask", mask, rank=2)
-    scores = _checks.float_array(fn, "scores", scores, rank=1)
-    group_ids = _checks.int_array(fn, "group_ids", group_ids, rank=1)
-    _checks.leading_dim(fn, mask.shape[0], scores=scores, group_ids=group_ids)
-    step_rewards = _checks.float_array(fn, "step_rewards", step_rewards, rank=2)
-    _checks.same_shape(fn, "[B, T]", step_rewards=step_rewards, mask=mask)
+    step_rewards, mask, scores, group_ids = _checks.step_and_group_arrays(
+        fn, "step_rewards", step_rewards, mask, scores, group_ids)
     _checks.finite_where(fn, "scores", scores)
     _checks.finite_where(fn, "step_rewards", step_rewards, mask)
     if episode == "rloo":

@@ -130,12 +130,8 @@ def mt_grpo(step_rewards, scores, group_ids, mask, *, lam: float = 1.0,
     _checks.one_of(fn, "final_turn", final_turn, FINAL_TURNS)
     _checks.one_of(fn, "std", std, group_lib.STDS)
     group_lib._check_eps(fn, eps)
-    step_rewards = _checks.float_array(fn, "step_rewards", step_rewards, rank=2)
-    mask = _checks.bool_array(fn, "mask", mask, rank=2)
-    _checks.same_shape(fn, "[B, T]", step_rewards=step_rewards, mask=mask)
-    scores = _checks.float_array(fn, "scores", scores, rank=1)
-    group_ids = _checks.int_array(fn, "group_ids", group_ids, rank=1)
-    _checks.leading_dim(fn, mask.shape[0], scores=scores, group_ids=group_ids)
+    step_rewards, mask, scores, group_ids = _checks.step_and_group_arrays(
+        fn, "step_rewards", step_rewards, mask, scores, group_ids)
     _checks.finite_where(fn, "step_rewards", step_rewards, mask)
     outcome = group_lib.grpo(scores, group_ids, num_groups=num_groups, eps=eps, std=std,
                              axis_name=axis_name)
