@@ -13,15 +13,10 @@ from stepcredit import advantages as adv
 from stepcredit.advantages.inputs import CreditInputs
 from stepcredit.advantages.spa import progress_loss, spa, spa_step_rewards
 from tests.reference import spa as ref
+from tests.test_gigpo import _close
 
 B, T, N = 4, 5, 16
 _spa = jax.jit(spa, static_argnames=("method",))
-
-
-def _close(actual, expected, tol=1e-5):
-    actual, expected = np.asarray(actual, np.float64), np.asarray(expected, np.float64)
-    scale = max(1.0, np.abs(expected).max())
-    np.testing.assert_allclose(actual, expected, rtol=tol, atol=tol * scale)
 
 
 def _batch(seed):

@@ -14,17 +14,12 @@ from stepcredit.advantages.tree_grpo import tree_grpo
 from stepcredit.batch import StepRecord, Trajectory, collate
 from stepcredit.credit import compute_advantages
 from tests.reference import tree_grpo as ref
+from tests.test_gigpo import _close
 
 B = 16
 
 _tree_grpo = jax.jit(tree_grpo, static_argnames=("std", "singleton", "num_groups", "num_trees",
                                                  "axis_name"))
-
-
-def _close(actual, expected, tol=1e-5):
-    expected = np.asarray(expected, np.float64)
-    scale = max(1.0, float(np.abs(expected).max(initial=0.0)))
-    np.testing.assert_allclose(np.asarray(actual, np.float64), expected, rtol=tol, atol=tol * scale)
 
 
 def _forest(seed):
