@@ -20,6 +20,7 @@ from flax import nnx
 
 from stepcredit import advantages as adv
 from stepcredit.envs import registry as env_registry
+from stepcredit.envs import require_snapshots
 from stepcredit.models.tokenizer import WordTokenizer
 from stepcredit.models.transformer import TransformerConfig, TransformerPolicy
 from stepcredit.rollout import choice_markers
@@ -39,6 +40,16 @@ def make_env(config: TrainConfig, split: str, max_steps: int | None = None):
     if max_steps is not None:
         kwargs["max_steps"] = max_steps
     return env_registry.make(config.env, **kwargs)
+
+
+def check_snapshots(config: TrainConfig, purpose: str) -> None:
+    """Raises ValueError, in one line naming the environment and `purpose`, unless
+    `config.env` can be snapshotted (`stepcredit.envs.require_snapshots`)."""
+    env = make_env(config, "train")
+    try:
+        require_snapshots(env, purpose)
+    finally:
+        env.close()
 
 
 def build_tokenizer(env: str) -> WordTokenizer:

@@ -7,11 +7,10 @@ import dataclasses
 import jax
 import numpy as np
 
-from stepcredit.envs.base import require_snapshots
 from stepcredit.envs.pool import EnvPool
 from stepcredit.rollout import Rollout, collect
 from stepcredit.train import information_gain, vine
-from stepcredit.train.build import Parts, make_env
+from stepcredit.train.build import Parts, check_snapshots, make_env
 from stepcredit.train.tree import BRANCHES_NEED, TreeShape, collect_trees
 
 # Dynamic sampling plays at most this many extra rounds of tasks to fill a batch.
@@ -35,13 +34,9 @@ class Collector:
         if parts.estimator.recipe.rollout_trees:
             c = self.config
             self.trees = TreeShape(c.tree_count, c.tree_branches, c.tree_rounds, c.tree_branching)
-            env = make_env(c, "train")
-            try:
-                require_snapshots(env, BRANCHES_NEED)
-            finally:
-                env.close()
+            check_snapshots(c, BRANCHES_NEED)
         if parts.estimator.needs_mc_values:
-            vine.check_snapshots(self.config)
+            check_snapshots(self.config, vine.VALUES_NEED)
 
     def tasks(self, iteration: int, round_: int = 0) -> list[int]:
         """The training tasks of an iteration: a fixed function of (seed, iteration, round)."""

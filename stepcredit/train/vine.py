@@ -48,7 +48,7 @@ import jax
 import numpy as np
 
 from stepcredit.batch import Trajectory
-from stepcredit.envs.base import Observation, StepResult, require_snapshots, step_info
+from stepcredit.envs.base import Observation, StepResult, step_info
 from stepcredit.envs.pool import EnvPool
 from stepcredit.keys import stable_key
 from stepcredit.rollout import Rollout, RolloutConfig, collect, history_action
@@ -61,6 +61,8 @@ VINE_STREAM = 0x56494E45
 MAX_ENVIRONMENTS = 1024
 # Where each step's V_MC(s_t) is kept in its `StepRecord.info`.
 MC_VALUE = "vine/mc_value"
+# What `build.check_snapshots` tells an environment without snapshots.
+VALUES_NEED = "vineppo's Monte Carlo values continue episodes"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -77,15 +79,6 @@ class BranchPoint:
     snapshot: Any
     observation: Observation
     history: tuple[tuple[str, Any], ...]
-
-
-def check_snapshots(config) -> None:
-    """Raises ValueError, in one line naming it, unless `config.env` can be snapshotted."""
-    env = make_env(config, "train")
-    try:
-        require_snapshots(env, "vineppo's Monte Carlo values continue episodes")
-    finally:
-        env.close()
 
 
 def branch_points(env, tasks: Sequence[Any], trajectories: Sequence[Trajectory],

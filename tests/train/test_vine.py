@@ -10,6 +10,7 @@ import pytest
 from stepcredit.envs.pool import EnvPool
 from stepcredit.keys import stable_key
 from stepcredit.rollout import RolloutConfig, collect, step_prompt
+from stepcredit.train import build as build_lib
 from stepcredit.train import vine
 from stepcredit.train.build import build, make_env
 from stepcredit.train.collection import Collector
@@ -132,6 +133,7 @@ def test_environments_without_snapshots_are_refused(monkeypatch):
         def close(self):
             pass
 
-    monkeypatch.setattr(vine, "make_env", lambda config, split: Plain())
+    monkeypatch.setattr(build_lib, "make_env", lambda config, split: Plain())
     with pytest.raises(ValueError, match="vineppo's Monte Carlo values .* environment 'plain' has no snapshots"):
-        vine.check_snapshots(TrainConfig(env="textworld", estimator="vineppo"))
+        build_lib.check_snapshots(TrainConfig(env="textworld", estimator="vineppo"),
+                                  vine.VALUES_NEED)
