@@ -96,15 +96,15 @@ class Learner:
                              choice_markers=loss.choice_markers).logprobs
 
     def update_prm(self, state: TrainState, rows: StepRowBatch, index: RowIndex, tokens, steps,
-                   shape) -> tuple[TrainState, jax.Array, dict[str, float]]:
-        """One preference-loss step on the implicit PRM (iStar).
+                   shape, ref_logp: jax.Array) -> tuple[TrainState, jax.Array, dict[str, float]]:
+        """One preference-loss step on the implicit PRM (iStar), against pi_old's `[B, N]`
+        token log-probs `ref_logp`.
 
         Returns the new state, the PRM's `[B, N]` token log-probs in the token
         view (after the step, the paper's order, or before it with
         `prm_rewards_from="pre_update_prm"`, the authors' code) and metrics.
         """
         success = np.asarray(steps.score) > 0
-        ref_logp = jnp.asarray(tokens.logp)
         num_groups = int(np.max(steps.group_id)) + 1
         beta = self.estimator_config["beta"]  # the same beta scales the implicit rewards
 
@@ -192,10 +192,15 @@ class Learner:
         tick = time.perf_counter()
         old = jax.block_until_ready(self.score(state.policy, rows))
         metrics: dict[str, float] = {}
+        # pi_old of the implicit rewards beta log(pi_prm / pi_old) is the policy this update
+        # starts from, scored as the PRM is (verl's recomputed old_log_prob), so that a PRM
+        # equal to it (iStar's start) gives rewards of exactly 0: the sampler's log-probs differ
+        # from the scorer's by rounding, which the step baseline's std normalisation magnifies.
+        old_logp = tokens_from_rows(old.logprobs, index, rows.action_mask, shape)
         prm_logp = None
         if self.parts.estimator.needs_prm:
             state, prm_logp, prm_metrics = self.update_prm(state, rows, index, tokens, steps,
-                                                           shape)
+                                                           shape, old_logp)
             metrics.update(prm_metrics)
         score_seconds = time.perf_counter() - tick
         progress_inputs = {}
@@ -214,7 +219,7 @@ class Learner:
                      if self.parts.estimator.needs_mc_values else None)
         credit = compiled_compute_advantages(
             steps, tokens, config.estimator, token_values=token_values, prm_logp=prm_logp,
-            ref_logp=tokens.logp, mc_values=mc_values, answer_logp=answer_logp,
+            ref_logp=old_logp, mc_values=mc_values, answer_logp=answer_logp,
             **progress_inputs, **self.estimator_config)
         advantages = rows_from_tokens(credit.token_advantages, index, rows.action_mask)
         returns, value_mask = self._value_targets(credit, rows, index)

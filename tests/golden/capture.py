@@ -4,7 +4,8 @@ Run once, before a change that should not alter any number:
 
     python -m tests.golden.capture
 
-It writes `tests/golden/outputs.npz`: every registered estimator's credit on
+(or, after a change that moves one training run on purpose,
+`python -m tests.golden.capture --rerecord-run LABEL`). It writes `tests/golden/outputs.npz`: every registered estimator's credit on
 the fixed batch of `tests.test_credit.random_batch`, offline credit of every
 estimator that runs offline on the fixed log of `tests.data.test_offline`, and
 the metrics and final policy parameters of short training runs from a fixed
@@ -87,7 +88,7 @@ def offline_outputs(workdir: str) -> dict[str, np.ndarray]:
     return out
 
 
-def training_outputs(workdir: str) -> dict[str, np.ndarray]:
+def training_outputs(workdir: str, runs: dict[str, list[str]] = RUNS) -> dict[str, np.ndarray]:
     import jax
 
     from stepcredit.cli import main
@@ -96,7 +97,7 @@ def training_outputs(workdir: str) -> dict[str, np.ndarray]:
     from stepcredit.train.trainer import Trainer
 
     out = {}
-    for label, flags in RUNS.items():
+    for label, flags in runs.items():
         logdir = os.path.join(workdir, label.replace("+", "_"))
         assert main(["train", *TINY, *flags, "--logdir", logdir]) == 0
         for row in read_metrics(logdir):
@@ -117,9 +118,27 @@ def compute_all() -> dict[str, np.ndarray]:
         return {**estimator_outputs(), **offline_outputs(workdir), **training_outputs(workdir)}
 
 
+def rerecord_run(label: str) -> dict[str, np.ndarray]:
+    """The recorded arrays with training run `label`'s replaced by today's code's."""
+    recorded = dict(np.load(GOLDEN))
+    with tempfile.TemporaryDirectory() as workdir:
+        fresh = training_outputs(workdir, {label: RUNS[label]})
+    prefix = f"train/{label}/"
+    return {**{k: v for k, v in recorded.items() if not k.startswith(prefix)}, **fresh}
+
+
 if __name__ == "__main__":
+    import argparse
+
     import tests.conftest  # noqa: F401  (the test session's devices and cache)
 
-    outputs = compute_all()
-    np.savez_compressed(GOLDEN, **outputs)
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--rerecord-run", choices=sorted(RUNS),
+                        help="replace only this training run's arrays (a change that moved it "
+                             "on purpose, named in test_unchanged.RERECORDED)")
+    args = parser.parse_args()
+    outputs = rerecord_run(args.rerecord_run) if args.rerecord_run else compute_all()
+    tmp = GOLDEN + ".tmp.npz"
+    np.savez_compressed(tmp, **outputs)
+    os.replace(tmp, GOLDEN)
     print(f"wrote {len(outputs)} arrays to {GOLDEN}", file=sys.stderr)

@@ -6,12 +6,13 @@ outputs"); this test recomputes every array through today's code paths
 (`compute_advantages`, offline credit, `stepcredit train`) and asks for
 bit-identical results on every array it recorded (estimators registered since
 then add arrays of their own, which it does not judge), except those that a
-later change moved by float32 rounding on purpose (`ROUNDED`).
+later change moved by float32 rounding on purpose (`ROUNDED`) and the training
+runs re-recorded after a change that moved them on purpose (`RERECORDED`).
 """
 
 import numpy as np
 
-from tests.golden.capture import GOLDEN, compute_all, measures_time
+from tests.golden.capture import GOLDEN, RUNS, compute_all, measures_time
 
 # Arrays the refactor changed on purpose, with the reason; each must differ.
 INTENDED = {
@@ -22,6 +23,16 @@ INTENDED = {
 }
 
 
+# Training runs re-recorded since (`python -m tests.golden.capture --rerecord-run LABEL`), with
+# the change that moved them on purpose.
+RERECORDED = {
+    "grpo+istar": "iStar's implicit rewards beta log(pi_prm / pi_old) take pi_old from the "
+                  "trainer's scorer instead of the sampler: the PRM starts as a copy of the "
+                  "policy, and the sampler's rounding differences, magnified by the step "
+                  "baseline's std normalisation, gave advantages of up to 1.7 where every "
+                  "reward is 0 (now exactly 0)",
+}
+
 # Arrays allowed to move by float32 rounding (within ROUNDING of their largest magnitude, at
 # least 1), by key prefix, with the reason.
 ROUNDED = {
@@ -31,10 +42,7 @@ ROUNDED = {
     ("train/",):
         "XLA:CPU compiles for the CPU it runs on, so a transformer's sums are ordered by its "
         "vector width: on an AVX-512 EPYC, two iterations of training ended up to 3e-5 "
-        "(relative) from the recorded runs with the recording's own code. grpo+istar's run "
-        "is reproducible on the recording's CPU type only: its PRM starts as a copy of the "
-        "policy, so its first implicit rewards are rounding noise, which the step baseline's "
-        "normalisation (std + 1e-6) magnifies to advantages of 0.04 to 0.07",
+        "(relative) from the recorded runs with the recording's own code",
 }
 ROUNDING = 1e-4
 
@@ -50,6 +58,10 @@ def same(key: str, actual, expected) -> bool:
     scale = max(1.0, float(np.nanmax(np.abs(expected), initial=0.0)))
     return actual.shape == expected.shape and np.allclose(actual, expected, rtol=0,
                                                           atol=ROUNDING * scale, equal_nan=True)
+
+
+def test_rerecorded_runs_are_recorded_runs():
+    assert set(RERECORDED) <= set(RUNS), sorted(set(RERECORDED) - set(RUNS))
 
 
 def test_estimators_offline_credit_and_training_are_unchanged():
