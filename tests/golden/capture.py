@@ -5,11 +5,12 @@ Run once, before a change that should not alter any number:
     python -m tests.golden.capture
 
 (or, after a change that moves one training run on purpose,
-`python -m tests.golden.capture --rerecord-run LABEL`). It writes `tests/golden/outputs.npz`: every registered estimator's credit on
-the fixed batch of `tests.test_credit.random_batch`, offline credit of every
-estimator that runs offline on the fixed log of `tests.data.test_offline`, and
-the metrics and final policy parameters of short training runs from a fixed
-seed (`RUNS`). `tests/golden/test_unchanged.py` recomputes all of it.
+`python -m tests.golden.capture --rerecord-run LABEL`). It writes
+`tests/golden/outputs.npz`: every registered estimator's credit on the fixed
+batch of `tests.test_credit.random_batch`, offline credit of every estimator
+that runs offline on the fixed log of `tests.data.test_offline`, and the
+metrics and final policy parameters of short training runs from a fixed seed
+(`RUNS`). `tests/golden/test_unchanged.py` recomputes all of it.
 """
 
 from __future__ import annotations
