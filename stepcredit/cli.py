@@ -29,6 +29,9 @@ _SUBCOMMANDS = {
     "eval": "stepcredit.train.eval_command",
     "credit": "stepcredit.credit_cli",
     "diagnose": "stepcredit.diagnose_cli",
+    "sweep": "stepcredit.study.sweep_cli",
+    "table": "stepcredit.study.table_cli",
+    "reproduce": "stepcredit.study.reproduce_cli",
 }
 
 

@@ -1,0 +1,253 @@
+"""Runs a study's grid in parallel worker processes, resumably.
+
+`sweep(study_path, out, workers=N)` starts one process per run
+(`stepcredit.study.worker`), at most `workers` at a time, each with
+`cores // workers` threads so that they do not oversubscribe the CPU. A run
+with a "done" record is skipped; a run interrupted earlier resumes from its
+checkpoints; a run whose process fails or is killed gets a "failed" record with
+the error, and the others go on (the next sweep retries it). One progress bar
+counts the training iterations of the whole sweep. Each run's output goes to
+`<out>/runs/<run_id>/log.txt`; the study file is copied to `<out>/study.toml`,
+and a sweep into a directory holding another study's results is refused.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from typing import Callable
+
+from stepcredit.study.records import DONE, FAILED, read_record, run_dir, write_record
+from stepcredit.study.spec import Study, load_study
+from stepcredit.study.worker import DIAGNOSIS, failed_record
+
+_POLL_SECONDS = 0.5
+_LOG_TAIL_LINES = 15
+
+
+@dataclasses.dataclass(frozen=True)
+class SweepSummary:
+    """What a sweep did: run ids finished before it (skipped), finished now, failed now."""
+
+    skipped: tuple[str, ...]
+    finished: tuple[str, ...]
+    failed: tuple[str, ...]
+
+
+def default_workers(pending: int, cores: int | None = None) -> int:
+    """No more workers than cores or pending runs (at least one)."""
+    return max(1, min(cores or os.cpu_count() or 1, pending))
+
+
+def worker_environment(threads: int) -> dict[str, str]:
+    """The environment of a worker process limited to `threads` CPU threads (XLA's
+    intra-op pool, Eigen's, OpenMP's and BLAS's)."""
+    env = dict(os.environ)
+    flags = [f for f in env.get("XLA_FLAGS", "").split()
+             if not f.startswith(("--xla_cpu_multi_thread_eigen", "intra_op_parallelism_threads"))]
+    if threads == 1:
+        flags.append("--xla_cpu_multi_thread_eigen=false")
+    flags.append(f"intra_op_parallelism_threads={threads}")
+    env["XLA_FLAGS"] = " ".join(flags)
+    for name in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
+        env[name] = str(threads)
+    return env
+
+
+def claim_output(study: Study, out: str) -> None:
+    """Makes `out` this study's output directory, or refuses one holding another study's."""
+    os.makedirs(out, exist_ok=True)
+    marker = os.path.join(out, "study.json")
+    identity = {"name": study.name, "fingerprint": study.fingerprint()}
+    if os.path.exists(marker):
+        with open(marker, encoding="utf-8") as f:
+            held = json.load(f)
+        if held != identity:
+            raise ValueError(f"--out {out} holds the results of another study ({held['name']}, "
+                             f"fingerprint {held['fingerprint']}; this one: {study.name}, "
+                             f"{identity['fingerprint']}): its runs would be mixed; choose "
+                             "another directory")
+        return
+    for name, text in (("study.toml", study.source), ("study.json", json.dumps(identity))):
+        tmp = os.path.join(out, name + ".tmp")
+        with open(tmp, "w", encoding="utf-8") as f:
+            f.write(text)
+        os.replace(tmp, os.path.join(out, name))
+
+
+@dataclasses.dataclass(frozen=True)
+class Job:
+    """One process of a sweep: a training run (its id) or the diagnosis (`DIAGNOSIS`)."""
+
+    job_id: str
+    iterations: int  # training iterations it counts on the progress bar (0: the diagnosis)
+
+
+def jobs(study: Study) -> list[Job]:
+    """The diagnosis first (it takes one process while the runs take the rest), then the runs."""
+    found = [Job(DIAGNOSIS, 0)] if study.diagnose is not None else []
+    return found + [Job(run.run_id, run.config.iterations) for run in study.runs()]
+
+
+def _iterations_done(out: str, job: Job) -> int:
+    """Training iterations the run has logged (its metrics file's rows from 0 on)."""
+    path = os.path.join(run_dir(out, job.job_id), "metrics.jsonl")
+    if not job.iterations or not os.path.exists(path):
+        return 0
+    with open(path, encoding="utf-8") as f:
+        done = sum(1 for line in f if line.startswith('{"iteration": ') and
+                   not line.startswith('{"iteration": -'))
+    return min(done, job.iterations)
+
+
+def _tail(path: str, lines: int = _LOG_TAIL_LINES) -> str:
+    try:
+        with open(path, encoding="utf-8", errors="replace") as f:
+            return "".join(f.readlines()[-lines:]).strip()
+    except FileNotFoundError:
+        return ""
+
+
+def _exit_text(code: int) -> str:
+    if code < 0:
+        try:
+            return f"killed by signal {signal.Signals(-code).name}"
+        except ValueError:
+            return f"killed by signal {-code}"
+    return f"exit status {code}"
+
+
+def sweep(study_path: str, out: str, *, workers: int | None = None, threads: int | None = None,
+          progress: bool = True, note: Callable[[str], None] | None = None) -> SweepSummary:
+    """Runs every unfinished job of the study in `study_path`; returns what it did.
+
+    Args:
+      study_path: the study file (`stepcredit.study.spec`).
+      out: the sweep's directory (records/, runs/, diagnose/, study.toml).
+      workers: processes at a time (default: the cores, at most the pending jobs).
+      threads: CPU threads per process (default: cores // workers, at least 1).
+      progress: show a progress bar over the sweep's training iterations.
+      note: where one-line messages go (a job finished or failed; default: above the bar).
+    """
+    from tqdm import tqdm
+
+    note = note or tqdm.write
+    study = load_study(study_path)
+    claim_output(study, out)
+    with _exclusive(out), _terminate_as_exit():
+        return _sweep(study, out, workers=workers, threads=threads, progress=progress, note=note)
+
+
+def _sweep(study: Study, out: str, *, workers, threads, progress, note) -> SweepSummary:
+    from tqdm import tqdm
+
+    every = jobs(study)
+    skipped = tuple(j.job_id for j in every
+                    if (read_record(out, j.job_id) or {}).get("status") == DONE)
+    queue = [j for j in every if j.job_id not in skipped]
+    workers = workers or default_workers(len(queue))
+    if workers < 1:
+        raise ValueError(f"--workers {workers}: it must be >= 1")
+    threads = threads or max(1, (os.cpu_count() or 1) // workers)
+    env = worker_environment(threads)
+    note(f"{study.name}: {len(every)} jobs, {len(skipped)} already done, {len(queue)} to run "
+         f"with {workers} worker(s) x {threads} thread(s); logs in {os.path.join(out, 'runs')}")
+    bar = tqdm(total=sum(j.iterations for j in every), desc=f"sweep {study.name}", unit="it",
+               disable=not progress, dynamic_ncols=True, file=sys.stderr)
+    bar.update(sum(j.iterations for j in every if j.job_id in skipped))
+    running: dict[str, tuple[Job, subprocess.Popen]] = {}
+    counted: dict[str, int] = {}
+    finished: list[str] = []
+    failed: list[str] = []
+    status = ""
+    try:
+        while queue or running:
+            while queue and len(running) < workers:
+                job = queue.pop(0)
+                running[job.job_id] = (job, _start(job, out, env))
+            time.sleep(_POLL_SECONDS)
+            for job_id, (job, process) in list(running.items()):
+                code = process.poll()
+                done_now = job.iterations if code is not None else _iterations_done(out, job)
+                bar.update(done_now - counted.get(job_id, 0))
+                counted[job_id] = done_now
+                if code is None:
+                    continue
+                del running[job_id]
+                record = read_record(out, job_id)
+                if code == 0 and record and record["status"] == DONE:
+                    finished.append(job_id)
+                    note(f"{job_id}: done")
+                    continue
+                if not record or record["status"] != FAILED:
+                    log = os.path.join(run_dir(out, job_id), "log.txt")
+                    record = failed_record(study, job_id,
+                                           f"{_exit_text(code)}; log tail:\n{_tail(log)}")
+                    write_record(out, record)
+                failed.append(job_id)
+                note(f"{job_id}: failed ({record['error'].splitlines()[0]}); the others go on, "
+                     "and the next sweep retries it")
+            now = (f"{len(skipped) + len(finished)}/{len(every)} jobs done"
+                   + (f", {len(failed)} failed" if failed else ""))
+            if now != status:
+                bar.set_postfix_str(now)
+                status = now
+    except BaseException:
+        for _, process in running.values():
+            process.terminate()
+        for _, process in running.values():
+            process.wait()
+        raise
+    finally:
+        bar.close()
+    return SweepSummary(skipped=skipped, finished=tuple(finished), failed=tuple(failed))
+
+
+@contextlib.contextmanager
+def _exclusive(out: str):
+    """Holds `<out>/.lock` for the sweep: a second sweep into `out` would train the same
+    runs in the same directories at once."""
+    import fcntl
+
+    with open(os.path.join(out, ".lock"), "w", encoding="utf-8") as lock:
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise ValueError(f"--out {out}: another sweep is running there") from None
+        yield
+
+
+@contextlib.contextmanager
+def _terminate_as_exit():
+    """SIGTERM raises SystemExit in the sweep, so that it stops its workers first."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def stop(signum, frame):
+        raise SystemExit(128 + signum)
+
+    previous = signal.signal(signal.SIGTERM, stop)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _start(job: Job, out: str, env: dict[str, str]) -> subprocess.Popen:
+    """The run's worker process, reading the study from `<out>/study.toml` (the copy
+    that `claim_output` checked) so that an edit to the original mid-sweep changes nothing."""
+    directory = run_dir(out, job.job_id)
+    os.makedirs(directory, exist_ok=True)
+    with open(os.path.join(directory, "log.txt"), "a", encoding="utf-8") as log:
+        return subprocess.Popen(
+            [sys.executable, "-m", "stepcredit.study.worker",
+             os.path.join(os.path.abspath(out), "study.toml"), job.job_id, os.path.abspath(out)],
+            stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env)

@@ -1,0 +1,43 @@
+"""`stepcredit sweep STUDY`: run a study's grid of training runs in parallel, resumably.
+
+    stepcredit sweep experiments/main.toml --workers 2 --out runs/main
+
+runs every run of the study file (`stepcredit.study.spec`) in worker processes
+(`stepcredit.study.sweep`). Run again after an interruption, it finishes the
+study without redoing finished runs; then `stepcredit table runs/main`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+
+HELP = "run a study file's grid of training runs in parallel worker processes, resumably"
+
+
+def add_parallel_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--workers", type=int, default=None,
+                        help="jobs at a time, one process each (default: the cores)")
+    parser.add_argument("--threads", type=int, default=None,
+                        help="CPU threads per job (default: cores // workers)")
+    parser.add_argument("--no-progress", dest="progress", action="store_false",
+                        help="no progress bar")
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("study", help="a study file (TOML), e.g. experiments/main.toml")
+    parser.add_argument("--out", default=None,
+                        help="the sweep's directory (default: runs/<study name>)")
+    add_parallel_arguments(parser)
+
+
+def run(args: argparse.Namespace) -> int:
+    from stepcredit.study.spec import load_study
+    from stepcredit.study.sweep import sweep
+
+    out = args.out or os.path.join("runs", load_study(args.study).name)
+    summary = sweep(args.study, out, workers=args.workers, threads=args.threads,
+                    progress=args.progress)
+    print(f"{len(summary.skipped)} jobs done before, {len(summary.finished)} finished now, "
+          f"{len(summary.failed)} failed; results in {out} (see: stepcredit table {out})")
+    return 1 if summary.failed else 0

@@ -1,0 +1,269 @@
+"""Studies, records, tables and curves (the sweep's processes are tested in tests/train)."""
+
+import glob
+import json
+import math
+import os
+import statistics
+
+import numpy as np
+import pytest
+from scipy import stats
+
+from stepcredit.study import curves, records, spec, sweep, table
+
+STUDY = """
+name = "small"
+seeds = [0, 1, 2]
+[train]
+iterations = 3
+d_model = 16
+[train.rollout]
+action_format = "choice"
+[train.loss]
+kl_coef = 0.1
+[envs.hotpotqa]
+max_steps = 5
+[envs.alfworld]
+eval_splits = ["seen", "unseen"]
+learning_rate = 1e-3
+[methods.GRPO]
+estimator = "grpo"
+published = "grpo"
+[methods.StepPO]
+estimator = "step_gae"
+set = { lam = 0.9 }
+loss = { step_level_ratio = true }
+learning_rate = 5e-4
+published = "steppo"
+[diagnose]
+tasks = 2
+"""
+
+
+def _study(text=STUDY, tmp_path=None):
+    if tmp_path is None:
+        return spec.parse_study(__import__("tomllib").loads(text), source=text)
+    path = tmp_path / "study.toml"
+    path.write_text(text)
+    return spec.load_study(path)
+
+
+def test_runs_cross_envs_methods_and_seeds_with_overrides():
+    study = _study()
+    runs = study.runs()
+    assert [r.run_id for r in runs[:4]] == ["hotpotqa-GRPO-s0", "hotpotqa-GRPO-s1",
+                                            "hotpotqa-GRPO-s2", "hotpotqa-StepPO-s0"]
+    assert len(runs) == 2 * 2 * 3
+    steppo = study.run("alfworld-StepPO-s2")
+    assert steppo.config.env == "alfworld" and steppo.config.seed == 2
+    assert steppo.config.estimator == "step_gae"
+    assert dict(steppo.config.estimator_config) == {"lam": 0.9}
+    assert steppo.config.loss.step_level_ratio and steppo.config.loss.kl_coef == 0.1
+    assert steppo.config.learning_rate == 5e-4  # the method's value wins over the env's
+    assert study.run("alfworld-GRPO-s0").config.learning_rate == 1e-3
+    assert study.run("hotpotqa-GRPO-s0").config.max_steps == 5
+    assert steppo.eval_splits == ("seen", "unseen")
+    assert study.run("hotpotqa-GRPO-s0").eval_splits == ()
+    assert steppo.config.rollout.action_format == "choice" and steppo.fit_prompt_budget
+
+
+def test_diagnosis_defaults_to_the_studys_simulators_and_estimators():
+    diagnosis = _study().diagnosis()
+    assert diagnosis.envs == ("hotpotqa", "alfworld")
+    assert diagnosis.estimators == ("grpo", "step_gae")
+    assert diagnosis.tasks == 2
+    assert _study(STUDY.replace("[diagnose]\ntasks = 2\n", "")).diagnosis() is None
+
+
+@pytest.mark.parametrize("change, message", [
+    (("d_model = 16", "d_modle = 16"), r"\[train\]: unknown field 'd_modle'"),
+    (("d_model = 16", "d_model = 'big'"), r"\[train\] d_model: expected int"),
+    (("d_model = 16", "estimator = 'grpo'"), r"\[train\]: estimator is set per run"),
+    (("kl_coef = 0.1", "kl_cof = 0.1"), r"\[train\] loss: unknown field 'kl_cof'"),
+    (('estimator = "grpo"', 'estimator = "grpoo"'), r"\[methods.GRPO\]"),
+    (("set = { lam = 0.9 }", "set = { lamb = 0.9 }"), r"\[methods.StepPO\]"),
+    (("[envs.hotpotqa]", "[envs.hotpot]"), r"\[envs.hotpot\]: unknown environment 'hotpot'"),
+    (("[methods.GRPO]", "[methods.'GR PO']"), r"label 'GR PO'"),
+    (("seeds = [0, 1, 2]", "seeds = [0, 0]"), r"repeat a seed"),
+    (("seeds = [0, 1, 2]", "seeds = []"), r"seeds must be a non-empty list"),
+    (("tasks = 2", "taks = 2"), r"\[diagnose\]: unknown field"),
+    (("learning_rate = 5e-4", "learning_rate = true"), r"learning_rate: expected float"),
+])
+def test_a_bad_study_is_refused_naming_the_table(change, message):
+    with pytest.raises(ValueError, match=message):
+        _study(STUDY.replace(*change))
+
+
+def test_a_study_file_that_is_not_toml_is_refused(tmp_path):
+    with pytest.raises(ValueError, match="not valid TOML"):
+        _study("name = ", tmp_path)
+
+
+def test_the_shipped_studies_load():
+    paths = sorted(glob.glob(os.path.join(os.path.dirname(__file__), "..", "experiments",
+                                          "*.toml")))
+    names = {os.path.basename(p) for p in paths}
+    assert {"quick.toml", "main.toml"} <= names
+    for path in paths:
+        study = spec.load_study(path)
+        assert study.runs(), path
+
+
+def test_fingerprint_follows_the_runs():
+    assert _study().fingerprint() == _study().fingerprint()
+    assert _study().fingerprint() != _study(STUDY.replace("iterations = 3",
+                                                          "iterations = 4")).fingerprint()
+
+
+def test_summarize_is_the_student_t_interval():
+    values = [0.5, 0.7, 0.65, 0.4]
+    s = table.summarize(values)
+    sem = statistics.stdev(values) / math.sqrt(4)
+    assert s.mean == pytest.approx(statistics.mean(values))
+    assert s.std == pytest.approx(statistics.stdev(values))
+    assert (s.low, s.high) == pytest.approx(
+        stats.t.interval(0.95, 3, loc=statistics.mean(values), scale=sem))
+    two = table.summarize([0.5, 0.7])  # t_{0.975, 1} = 12.7062 (printed tables)
+    assert (two.low, two.high) == pytest.approx((0.6 - 1.27062, 0.6 + 1.27062), abs=1e-4)
+    one = table.summarize([0.3])
+    assert one.mean == 0.3 and not one.has_interval
+    with pytest.raises(ValueError, match="empty"):
+        table.summarize([])
+    with pytest.raises(ValueError, match="non-finite"):
+        table.summarize([0.1, math.nan])
+
+
+def test_the_best_is_marked_only_where_its_interval_separates_it():
+    separated = {"a": table.summarize([0.9, 0.92, 0.91]), "b": table.summarize([0.1, 0.2, 0.15])}
+    assert table.separated_best(separated) == "a"
+    overlapping = {"a": table.summarize([0.9, 0.5, 0.7]), "b": table.summarize([0.6, 0.4, 0.5])}
+    assert table.separated_best(overlapping) is None
+    assert table.separated_best({"a": table.summarize([0.9]),
+                                 "b": table.summarize([0.1])}) is None  # no interval
+    assert table.separated_best({"a": separated["a"]}) is None
+
+
+def _sweep_dir(tmp_path, successes, *, failed=(), diagnosis=True):
+    """A sweep directory as `sweep` leaves it: the study, records and a diagnosis."""
+    out = tmp_path / "out"
+    study = _study(STUDY, tmp_path)
+    sweep.claim_output(study, str(out))
+    for run in study.runs():
+        if run.run_id in failed:
+            records.write_record(out, {"run": run.run_id, "status": records.FAILED,
+                                       "env": run.env, "method": run.method,
+                                       "error": "RuntimeError: boom\ntrace"})
+            continue
+        value = successes.get((run.env, run.method))
+        if value is None:
+            continue
+        splits = run.eval_splits or ("test",)
+        records.write_record(out, {
+            "run": run.run_id, "status": records.DONE, "env": run.env, "method": run.method,
+            "estimator": run.config.estimator, "seed": run.seed,
+            "eval": {split: {"success": value[run.seed], "score": value[run.seed] / 2}
+                     for split in splits}})
+    if diagnosis:
+        os.makedirs(out / "diagnose")
+        scores = [{"env": env, "estimator": est, "metric": metric, "estimate": est_value,
+                   "low": est_value - 0.05, "high": est_value + 0.05, "n": 10, "per_seed": []}
+                  for env in ("hotpotqa", "alfworld") for est, est_value in
+                  (("grpo", 0.6), ("step_gae", 0.7)) for metric in ("auc", "blame_localisation")]
+        (out / "diagnose" / "diagnose.json").write_text(json.dumps({"scores": scores}))
+    return out
+
+
+def test_table_summarises_seeds_marks_separated_best_and_adds_columns(tmp_path):
+    out = _sweep_dir(tmp_path, {("hotpotqa", "GRPO"): [0.2, 0.25, 0.22],
+                                ("hotpotqa", "StepPO"): [0.8, 0.82, 0.79],
+                                ("alfworld", "GRPO"): [0.2, 0.6, 0.4],
+                                ("alfworld", "StepPO"): [0.3, 0.5, 0.6]},
+                     failed=())
+    data = table.build_table(str(out))
+    titles = [c["title"] for c in data["columns"]]
+    assert titles == ["hotpotqa", "alfworld (seen)", "alfworld (unseen)"]
+    hotpot = {r["method"]: r for r in data["columns"][0]["rows"]}
+    assert hotpot["StepPO"]["best"] and not hotpot["GRPO"]["best"]
+    assert hotpot["StepPO"]["success"].n == 3
+    assert hotpot["StepPO"]["success"].mean == pytest.approx(np.mean([0.8, 0.82, 0.79]))
+    assert hotpot["StepPO"]["score"].mean == pytest.approx(np.mean([0.4, 0.41, 0.395]))
+    assert hotpot["StepPO"]["diagnosis"]["auc"] == pytest.approx((0.7, 0.65, 0.75))
+    steppo_paper = "StepPO paper, Qwen3-4B (arXiv 2604.18401)"
+    assert hotpot["StepPO"]["published"][steppo_paper] == pytest.approx(0.6378)
+    unseen = {r["method"]: r for r in data["columns"][2]["rows"]}
+    assert unseen["StepPO"]["published"][steppo_paper] == pytest.approx(0.8582)
+    assert not any(r["best"] for r in data["columns"][1]["rows"])  # overlapping intervals
+    text = table.markdown(data)
+    assert "**0.80 ± 0.02" in text and "## alfworld (unseen)" in text
+    assert "published: StepPO paper" in text and "0.64" in text
+    assert "0.70 [0.65, 0.75]" in text
+    paths = table.write_table(str(out))
+    rows = open(paths["csv"]).read().splitlines()
+    assert len(rows) == 1 + 3 * 2 and "success_low" in rows[0]
+
+
+def test_table_lists_failed_and_missing_runs(tmp_path):
+    out = _sweep_dir(tmp_path, {("hotpotqa", "GRPO"): [0.2, 0.25, 0.22]},
+                     failed=("hotpotqa-StepPO-s1",), diagnosis=False)
+    data = table.build_table(str(out))
+    assert list(data["failed"]) == ["hotpotqa-StepPO-s1"]
+    assert "alfworld-GRPO-s0" in data["missing"]
+    text = table.markdown(data)
+    assert "hotpotqa-StepPO-s1: RuntimeError: boom" in text and "AUC" not in text
+    assert "| StepPO | `step_gae` | 0 | - |" in text
+
+
+def test_claim_output_refuses_another_studys_directory(tmp_path):
+    study = _study()
+    sweep.claim_output(study, str(tmp_path))
+    sweep.claim_output(study, str(tmp_path))  # the same study again: fine
+    with pytest.raises(ValueError, match="holds the results of another study"):
+        sweep.claim_output(_study(STUDY.replace("iterations = 3", "iterations = 9")),
+                           str(tmp_path))
+
+
+def test_records_are_written_whole_with_nan_as_null(tmp_path):
+    path = records.write_record(tmp_path, {"run": "a-b-s0", "status": records.DONE,
+                                           "eval": {"test": {"success": math.nan}}})
+    assert json.load(open(path))["eval"]["test"]["success"] is None
+    assert records.read_record(tmp_path, "a-b-s0")["status"] == "done"
+    assert records.read_record(tmp_path, "missing-b-s0") is None
+    assert os.listdir(tmp_path / "records") == ["a-b-s0.json"]  # no temporary left
+    (tmp_path / "records" / "bad-b-s0.json").write_text("{")
+    with pytest.raises(ValueError, match="bad-b-s0.json: not a result record"):
+        records.load_records(tmp_path)
+
+
+def test_workers_and_their_threads():
+    assert sweep.default_workers(10, cores=2) == 2
+    assert sweep.default_workers(1, cores=8) == 1
+    assert sweep.default_workers(0, cores=8) == 1
+    env = sweep.worker_environment(1)
+    assert "--xla_cpu_multi_thread_eigen=false" in env["XLA_FLAGS"]
+    assert "intra_op_parallelism_threads=1" in env["XLA_FLAGS"] and env["OMP_NUM_THREADS"] == "1"
+
+
+def test_smoothed_is_a_trailing_mean():
+    values = np.array([1.0, 0.0, 3.0, 2.0, 5.0])
+    expected = [np.mean(values[max(0, t - 2):t + 1]) for t in range(5)]
+    np.testing.assert_allclose(curves.smoothed(values, 3), expected)
+    with pytest.raises(ValueError, match="window"):
+        curves.smoothed(values, 0)
+
+
+def test_curves_band_over_seeds(tmp_path):
+    out = _sweep_dir(tmp_path, {}, diagnosis=False)
+    for seed, offset in enumerate((0.0, 0.2, 0.4)):
+        logdir = records.run_dir(out, f"hotpotqa-GRPO-s{seed}")
+        os.makedirs(logdir)
+        with open(os.path.join(logdir, "metrics.jsonl"), "w") as f:
+            f.write(json.dumps({"iteration": -1, "eval/success": 0.0}) + "\n")
+            for it in range(4 + seed):
+                f.write(json.dumps({"iteration": it, "rollout/success": offset + 0.1 * it}) + "\n")
+    data = curves.curves(str(out), window=1)
+    assert list(data) == ["hotpotqa"] and list(data["hotpotqa"]) == ["GRPO"]
+    np.testing.assert_allclose(data["hotpotqa"]["GRPO"],
+                               [[o + 0.1 * it for it in range(4)] for o in (0.0, 0.2, 0.4)])
+    path = curves.plot_curves(str(out))
+    assert open(path, "rb").read(8) == b"\x89PNG\r\n\x1a\n"
