@@ -171,6 +171,8 @@ def _sweep_dir(tmp_path, successes, *, failed=(), diagnosis=True):
                   for env in ("hotpotqa", "alfworld") for est, est_value in
                   (("grpo", 0.6), ("step_gae", 0.7)) for metric in ("auc", "blame_localisation")]
         (out / "diagnose" / "diagnose.json").write_text(json.dumps({"scores": scores}))
+        records.write_record(out, {"run": "diagnose", "status": records.DONE,
+                                   "kind": "diagnosis"})
     return out
 
 

@@ -100,7 +100,7 @@ def _splits(study: Study, env: str, records: Sequence[dict]) -> list[str]:
         return named
     found: list[str] = []
     for record in records:
-        if record["env"] == env and record["status"] == DONE:
+        if record.get("env") == env and record["status"] == DONE:
             found += [split for split in record["eval"] if split not in found]
     return found
 

@@ -113,3 +113,25 @@ def test_a_killed_worker_fails_its_run_and_a_killed_sweep_is_finished_by_the_nex
                    for line in open(os.path.join(records.run_dir(out, run_id), "metrics.jsonl"))]
         assert metrics == [0, 1, 2], run_id  # a resumed run repeats or skips no iteration
         assert set(record["eval"]) == {"test"}
+
+
+def test_reproduce_sweeps_a_preset_and_prints_its_table(tmp_path, monkeypatch, capsys):
+    from stepcredit import cli
+    from stepcredit.study import reproduce_cli
+
+    studies = tmp_path / "experiments"
+    studies.mkdir()
+    (studies / "quick.toml").write_text(
+        STUDY.replace("[methods.RLOO]\nestimator = \"rloo\"\n", "")
+        .replace("[methods.StepPO]\nestimator = \"step_gae\"\n", "")
+        + "[diagnose]\ntasks = 2\nseeds = [0]\ncontinuations = 2\n")
+    monkeypatch.setattr(reproduce_cli, "STUDIES", str(studies))
+    out = tmp_path / "out"
+
+    assert cli.main(["reproduce", "--preset", "quick", "--out", str(out), "--no-progress"]) == 0
+
+    printed = capsys.readouterr().out
+    assert "# Study tiny" in printed and "| GRPO | `grpo` | 1 |" in printed
+    assert "AUC" in printed  # the diagnosis ran and is in the table
+    for name in ("table.md", "table.csv", "curves.png", "diagnose/diagnose.json"):
+        assert (out / name).exists(), name
