@@ -1,6 +1,8 @@
-"""The compiled GAE kernel: its boundary, its build cache, and the backends it lowers for.
+"""The compiled CPU kernels: their boundaries, the build cache, and the backends they lower for.
 
-Its numbers are checked with every other method in test_kernels.py.
+The GAE kernel's numbers are checked with every other method in test_kernels.py; the
+recurrence and group-normalisation kernels must equal the XLA computations they replace
+bit for bit.
 """
 
 import functools
@@ -239,3 +241,146 @@ def test_gigpo_step_groups_use_the_kernel_on_cpu_and_the_sort_elsewhere(monkeypa
     retraced = lambda first, second: _pair_ids(first, second)  # noqa: E731 (a fresh trace)
     assert native._PAIR_TARGET not in lowered_text(retraced, first, second)
     assert same_partition(jax.jit(retraced)(first, second), _sorted_pair_ids(first, second))
+
+
+def exported_text(fn, platform, target, *args) -> str:
+    allow = [jax.export.DisabledSafetyCheck.custom_call(target)]
+    return jax.export.export(jax.jit(fn), platforms=[platform],
+                             disabled_checks=allow)(*args).mlir_module()
+
+
+def recurrence_inputs(batch=37, length=19, seed=0):
+    rng = np.random.default_rng(seed)
+    x = rng.normal(size=(batch, length)).astype(np.float32)
+    c = np.where(rng.random((batch, length)) < 0.8, 0.95, rng.choice([0.0, 1.0], (batch, length)))
+    return x, c.astype(np.float32), rng.normal(size=batch).astype(np.float32)
+
+
+def test_the_recurrence_kernel_equals_the_scan_bit_for_bit():
+    from stepcredit.advantages.recurrence import reverse_linear_recurrence as solve
+
+    x, c, y_init = recurrence_inputs()
+    scan = jax.jit(functools.partial(solve, method="sequential"))(x, c, y_init)
+    np.testing.assert_array_equal(jax.jit(native.linear_recurrence)(x, c, y_init), scan)
+    np.testing.assert_array_equal(jax.jit(solve)(x, c, y_init), scan)
+    forward = jax.jit(functools.partial(native.linear_recurrence, reverse=False))(x, c, y_init)
+    flipped = jax.jit(lambda x, c, y: solve(x[:, ::-1], c[:, ::-1], y,
+                                            method="sequential")[:, ::-1])(x, c, y_init)
+    np.testing.assert_array_equal(forward, flipped)
+    batched = jax.vmap(native.linear_recurrence)(np.stack([x, x + 1]), np.stack([c, c]),
+                                                 np.stack([y_init, y_init]))
+    np.testing.assert_array_equal(batched[0], scan)
+
+
+def test_the_recurrence_kernel_has_the_scans_gradient():
+    from stepcredit.advantages.recurrence import reverse_linear_recurrence as solve
+
+    x, c, y_init = recurrence_inputs(5, 7)
+    weights = np.random.default_rng(1).normal(size=x.shape).astype(np.float32)
+
+    def loss(method):
+        return jax.grad(lambda *a: jnp.sum(weights * solve(*a, method=method)), argnums=(0, 1, 2))
+
+    for ours, scan in zip(jax.jit(loss("auto"))(x, c, y_init), loss("sequential")(x, c, y_init)):
+        np.testing.assert_allclose(ours, scan, rtol=1e-5, atol=1e-5)
+
+
+def test_the_recurrence_runs_the_scan_off_cpu_for_other_dtypes_and_without_a_kernel(monkeypatch):
+    from stepcredit.advantages.recurrence import recurrence_method
+    from stepcredit.advantages.recurrence import reverse_linear_recurrence as solve
+
+    x, c, y_init = recurrence_inputs(3, 5)
+    assert native._RECURRENCE_TARGET in exported_text(solve, "cpu", native._RECURRENCE_TARGET,
+                                                      x, c, y_init)
+    assert native._RECURRENCE_TARGET not in exported_text(solve, "cuda", native._RECURRENCE_TARGET,
+                                                          x, c, y_init)
+    assert recurrence_method(x, c, y_init) == "native"
+    assert recurrence_method(x, c, y_init, backend="cuda") == "sequential"
+    assert recurrence_method(x.astype(jnp.bfloat16), c, y_init) == "sequential"
+    assert native._RECURRENCE_TARGET not in lowered_text(solve, x.astype(jnp.bfloat16), c, y_init)
+    monkeypatch.setattr(native, "build_error", lambda: "no compiler here")
+    assert recurrence_method(x, c, y_init) == "sequential"
+    retraced = lambda x, c, y: solve(x, c, y)  # noqa: E731 (a fresh trace)
+    assert native._RECURRENCE_TARGET not in lowered_text(retraced, x, c, y_init)
+    np.testing.assert_array_equal(jax.jit(retraced)(x, c, y_init),
+                                  solve(x, c, y_init, method="sequential"))
+
+
+def normalize_inputs(shape=(64, 9), num_groups=11, seed=0):
+    rng = np.random.default_rng(seed)
+    values = (rng.normal(size=shape) * rng.choice([1e-3, 1.0, 1e3], size=shape)).astype(np.float32)
+    values[rng.random(shape) < 0.1] = 2.0  # ties, and groups whose valid values are all equal
+    ids = rng.integers(0, num_groups, size=shape).astype(np.int32)
+    return values, ids, rng.random(shape) < 0.8
+
+
+@pytest.mark.parametrize("std", ["unbiased", "biased", "none"])
+@pytest.mark.parametrize("singleton", ["zero", "raw"])
+@pytest.mark.parametrize("layout", ["random", "sorted", "rows"])
+def test_the_normalize_kernel_equals_the_segment_sums_bit_for_bit(std, singleton, layout):
+    from stepcredit.advantages.group import _xla_normalize
+
+    values, ids, valid = normalize_inputs((4096, 3) if layout != "random" else (64, 9),
+                                          num_groups=300 if layout != "random" else 11)
+    if layout == "sorted":  # long runs of one group: the chunked sums
+        ids = np.sort(ids.ravel()).reshape(ids.shape)
+    if layout == "rows":  # a group per row block, as GRPO's and iStar's
+        ids = np.broadcast_to((np.arange(ids.shape[0]) // 8)[:, None], ids.shape).astype(np.int32)
+    num_groups = int(ids.max()) + 2  # one group that holds nothing
+    kwargs = dict(num_groups=num_groups, std=std, eps=1e-6, singleton=singleton)
+    expected = jax.jit(functools.partial(_xla_normalize, axis_name=None, **kwargs))(values, ids,
+                                                                                   valid)
+    actual = jax.jit(functools.partial(native.group_normalize, **kwargs))(values, ids, valid)
+    np.testing.assert_array_equal(actual, expected)
+
+
+def test_the_normalize_kernel_keeps_a_nan_in_its_group_and_clamps_out_of_range_ids():
+    from stepcredit.advantages.group import _xla_normalize
+
+    values, ids, valid = normalize_inputs()
+    values[0, 0], valid[0, 0] = np.nan, True
+    ids[1, :3] = [-4, 11, 99]  # outside [0, 11): left out of the sums, read a clamped group
+    kwargs = dict(num_groups=11, std="unbiased", eps=1e-6, singleton="zero")
+    expected = jax.jit(functools.partial(_xla_normalize, axis_name=None, **kwargs))(values, ids,
+                                                                                   valid)
+    actual = jax.jit(functools.partial(native.group_normalize, **kwargs))(values, ids, valid)
+    np.testing.assert_array_equal(actual, expected)
+    assert np.isnan(actual[ids == ids[0, 0]][valid[ids == ids[0, 0]]]).all()
+    batched = jax.vmap(functools.partial(native.group_normalize, **kwargs))(
+        np.stack([values, values]), np.stack([ids, ids]), np.stack([valid, valid]))
+    np.testing.assert_array_equal(batched[1], actual)
+
+
+def test_group_normalisation_uses_the_kernel_on_cpu_only_where_it_applies(monkeypatch):
+    from stepcredit.advantages.group import _normalize
+
+    values, ids, valid = normalize_inputs()
+
+    def normalized(values, eps=1e-6):
+        return _normalize(values, ids, valid, 11, std="unbiased", eps=eps, singleton="zero",
+                          axis_name=None)
+
+    target = native._NORMALIZE_TARGET
+    assert target in exported_text(normalized, "cpu", target, values)
+    assert target not in exported_text(normalized, "cuda", target, values)
+    assert target not in lowered_text(normalized, values.astype(jnp.bfloat16))
+    assert target not in lowered_text(normalized, values, 1e-6)  # eps traced
+    monkeypatch.setattr(native, "build_error", lambda: "no compiler here")
+    retraced = lambda values: normalized(values)  # noqa: E731 (a fresh trace)
+    assert target not in lowered_text(retraced, values)
+
+
+def test_group_kernels_inside_shard_map(mesh4):
+    values, ids, valid = normalize_inputs((8, 9))
+    kwargs = dict(num_groups=11, std="unbiased", eps=1e-6, singleton="zero")
+    sharded = jax.jit(jax.shard_map(
+        lambda v, i: native.group_normalize(v, i, jnp.ones(v.shape, bool), **kwargs),
+        mesh=mesh4, in_specs=P("data"), out_specs=P("data")))
+    per_shard = [native.group_normalize(v, i, np.ones(v.shape, bool), **kwargs)
+                 for v, i in zip(np.split(values, 4), np.split(ids, 4))]
+    np.testing.assert_array_equal(sharded(values, ids), np.concatenate(per_shard))
+    x, c, y_init = recurrence_inputs(8, 5)
+    solve = jax.jit(jax.shard_map(lambda x, c, y: native.linear_recurrence(x, jnp.ones_like(c), y),
+                                  mesh=mesh4, in_specs=P("data"), out_specs=P("data")))
+    np.testing.assert_array_equal(solve(x, c, y_init),
+                                  native.linear_recurrence(x, np.ones_like(c), y_init))

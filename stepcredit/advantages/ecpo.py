@@ -36,7 +36,7 @@ def _evidence_weights(step_ids: jax.Array, mask: jax.Array, num_step_groups: int
 def ecpo(step_rewards, anchors, group_ids, mask, *, gamma: float = 0.95, omega: float = 1.0,
          kappa: float = 1.0, std: str = "unbiased", episode_scores=None, eps: float = 1e-6,
          singleton: str = "zero", num_groups: int | None = None, axis_name: str | None = None,
-         method: Method = "sequential") -> jax.Array:
+         method: Method = "auto") -> jax.Array:
     """ECPO's step advantages: GiGPO's, with each anchor group's step term shrunk by n / (n + kappa).
 
     For trajectory i of episode group g with valid steps t, and A^E, A^S as in
@@ -68,7 +68,9 @@ def ecpo(step_rewards, anchors, group_ids, mask, *, gamma: float = 0.95, omega: 
       singleton: "zero" or "raw" for a one-trajectory episode group.
       num_groups: static number of episode groups, or None to remap ids.
       axis_name: mesh axis the batch is sharded over inside `shard_map`.
-      method: "sequential" or "associative" scan for the step returns.
+      method: "auto" (the compiled CPU kernel where it applies, else "sequential"),
+        "sequential", "chunked" or "associative": how the step returns are solved
+        (`reverse_linear_recurrence`).
 
     Returns:
       `[B, T]` advantages, 0 at masked steps.

@@ -24,7 +24,7 @@ from stepcredit.advantages.recurrence import METHODS, Method, reverse_linear_rec
 GaeMethod = Literal["auto", "sequential", "chunked", "associative", "native"]
 # "native" exists for GAE only: a compiled kernel of the whole masked recursion; "auto"
 # (the default) takes it wherever it applies and the sequential scan elsewhere.
-GAE_METHODS = ("auto", *METHODS, "native")
+GAE_METHODS = (*METHODS, "native")
 
 
 class AdvantagesAndReturns(NamedTuple):
@@ -271,7 +271,7 @@ def token_gae(rewards, values, mask, *, gamma: float, lam: float, bootstrap_valu
 
 
 def lambda_returns(rewards, values, mask, *, gamma: float, lam: float, bootstrap_value=None,
-                   method: Method = "sequential") -> jax.Array:
+                   method: Method = "auto") -> jax.Array:
     """TD(lambda) returns, skipping masked positions.
 
         G_t = r_t + gamma [(1 - lam) V_{t+1} + lam G_{t+1}],    G after the last
@@ -285,7 +285,8 @@ def lambda_returns(rewards, values, mask, *, gamma: float, lam: float, bootstrap
       rewards, values, mask: `[B, T]` as in `step_gae`.
       gamma, lam: in [0, 1].
       bootstrap_value: `[B]`, None means 0.
-      method: "sequential", "chunked" or "associative".
+      method: "auto", "sequential", "chunked" or "associative"
+        (`reverse_linear_recurrence`).
 
     Returns:
       `[B, T]` lambda returns, 0 at masked positions.
@@ -306,7 +307,7 @@ def lambda_returns(rewards, values, mask, *, gamma: float, lam: float, bootstrap
 
 
 def discounted_returns(rewards, mask, *, gamma: float, bootstrap_value=None,
-                       method: Method = "sequential") -> jax.Array:
+                       method: Method = "auto") -> jax.Array:
     """Discounted returns G_t = r_t + gamma G_{t+1}, skipping masked positions.
 
     G after the last valid step is `bootstrap_value` (0 by default: the
@@ -317,7 +318,8 @@ def discounted_returns(rewards, mask, *, gamma: float, bootstrap_value=None,
       mask: `[B, T]` bool, True at valid positions.
       gamma: discount in [0, 1].
       bootstrap_value: `[B]`, None means 0.
-      method: "sequential", "chunked" or "associative".
+      method: "auto", "sequential", "chunked" or "associative"
+        (`reverse_linear_recurrence`).
 
     Returns:
       `[B, T]` returns, 0 at masked positions.

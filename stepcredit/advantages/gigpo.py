@@ -103,7 +103,7 @@ def episode_advantages_and_returns(fn: str, step_rewards, group_ids, mask, episo
 def gigpo(step_rewards, anchors, group_ids, mask, *, gamma: float = 0.95, omega: float = 1.0,
           std: str = "unbiased", episode_scores=None, eps: float = 1e-6, singleton: str = "zero",
           num_groups: int | None = None, axis_name: str | None = None,
-          method: Method = "sequential") -> jax.Array:
+          method: Method = "auto") -> jax.Array:
     """GiGPO's step advantages: episode-group advantage plus omega times the anchor-group one.
 
     For trajectory i of episode group g with valid steps t:
@@ -145,7 +145,9 @@ def gigpo(step_rewards, anchors, group_ids, mask, *, gamma: float = 0.95, omega:
       num_groups: static number of episode groups, or None to remap ids.
       axis_name: mesh axis the batch is sharded over inside `shard_map`, so
         that episode and step groups may span devices.
-      method: "sequential" or "associative" scan for the step returns.
+      method: "auto" (the compiled CPU kernel where it applies, else "sequential"),
+        "sequential", "chunked" or "associative": how the step returns are solved
+        (`reverse_linear_recurrence`).
 
     Returns:
       `[B, T]` advantages, 0 at masked steps.

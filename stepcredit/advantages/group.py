@@ -18,13 +18,14 @@ Conventions (never NaN):
 
 from __future__ import annotations
 
+import functools
 from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from stepcredit.advantages import _checks
+from stepcredit.advantages import _checks, native
 from stepcredit.advantages.recurrence import Method, reverse_linear_recurrence
 
 STDS = ("unbiased", "biased", "none")
@@ -245,7 +246,30 @@ def _check_scores(fn: str, scores, group_ids, num_groups, axis_name):
 
 
 def _normalize(values, ids, valid, num_groups, *, std, eps, singleton, axis_name):
-    """(v - mean) / (std + eps) within groups, with the small-group conventions; 0 where invalid."""
+    """(v - mean) / (std + eps) within groups, with the small-group conventions; 0 where invalid.
+
+    On one device (no `axis_name`), for float32 values and eps known when tracing, CPU
+    runs the compiled kernel (`native.group_normalize`, the same numbers bit for bit)
+    once it is built; otherwise segment sums (`_xla_normalize`).
+    """
+    ids = jnp.broadcast_to(ids, values.shape)
+    valid = jnp.broadcast_to(valid, values.shape)
+    xla = functools.partial(_xla_normalize, num_groups=num_groups, std=std, eps=eps,
+                            singleton=singleton, axis_name=axis_name)
+    if (axis_name is not None or values.dtype != jnp.float32 or not _checks.is_concrete(eps)):
+        return xla(values, ids, valid)
+
+    def on_cpu(values, ids, valid):
+        if native.build_error():
+            return xla(values, ids, valid)
+        return native.group_normalize(values, ids, valid, num_groups=num_groups, std=std,
+                                      eps=eps, singleton=singleton)
+
+    # The platform is known only at lowering, so the choice is made there.
+    return jax.lax.platform_dependent(values, ids, valid, cpu=on_cpu, default=xla)
+
+
+def _xla_normalize(values, ids, valid, *, num_groups, std, eps, singleton, axis_name):
     stats = _group_stats(values, ids, valid, num_groups, axis_name)
     centered = values - stats.mean
     if std == "none":
@@ -412,7 +436,7 @@ def reinforce_pp_baseline(scores, group_ids, *, num_groups: int | None = None,
 
 
 def reinforce_pp(token_rewards, mask, *, gamma: float = 1.0, masked: str = "carry",
-                 method: Method = "sequential") -> jax.Array:
+                 method: Method = "auto") -> jax.Array:
     """REINFORCE++'s token-level discounted return over valid tokens.
 
         G_n = r_n + gamma G_{next(n)}      at valid tokens n, else 0
@@ -434,7 +458,8 @@ def reinforce_pp(token_rewards, mask, *, gamma: float = 1.0, masked: str = "carr
       mask: `[B, N]` bool, True on action tokens; masked entries may hold NaN.
       gamma: discount in [0, 1] (verl's default 1).
       masked: "carry" (default) or "reset", as above.
-      method: "sequential" or "associative" scan.
+      method: "auto", "sequential", "chunked" or "associative"
+        (`reverse_linear_recurrence`).
 
     Returns:
       `[B, N]` returns, 0 at masked positions.

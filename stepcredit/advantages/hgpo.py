@@ -58,7 +58,7 @@ def history_keys(episode_ids, anchors, depth: int) -> jax.Array:
 def hgpo(step_rewards, anchors, group_ids, mask, *, gamma: float = 0.95, omega: float = 1.0,
          max_depth: int = 3, min_depth: int = 1, alpha: float = 1.0, std: str = "unbiased",
          episode_scores=None, eps: float = 1e-6, singleton: str = "zero",
-         num_groups: int | None = None, method: Method = "sequential") -> jax.Array:
+         num_groups: int | None = None, method: Method = "auto") -> jax.Array:
     """HGPO's step advantages: episode advantage plus omega times depth-mixed step advantages.
 
     For trajectory i of episode group g and a valid step t (R_t the discounted
@@ -100,7 +100,8 @@ def hgpo(step_rewards, anchors, group_ids, mask, *, gamma: float = 0.95, omega: 
       eps: added to every std (1e-6).
       singleton: "zero" or "raw" for a one-trajectory episode group.
       num_groups: static number of episode groups, or None to remap ids.
-      method: "sequential" or "associative" scan for the returns.
+      method: "auto", "sequential", "chunked" or "associative": how the returns are
+        solved (`reverse_linear_recurrence`).
 
     Returns:
       `[B, T]` advantages, 0 at masked steps.

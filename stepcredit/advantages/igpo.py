@@ -80,7 +80,7 @@ def information_gain(answer_logp, mask, *, gain: str = "probability") -> jax.Arr
 def igpo(information_gain, scores, group_ids, mask, *, gamma: float = 1.0,
          normalize: str = "joint", order: str = "normalize_first", std: str = "biased",
          eps: float = 1e-6, num_groups: int | None = None,
-         method: Method = "sequential") -> jax.Array:
+         method: Method = "auto") -> jax.Array:
     """IGPO's turn advantage: group-normalised turn rewards, summed with discount from each turn on.
 
         r_{i,t}  = IG_{i,t}   for the valid turns before trajectory i's last turn T_i
@@ -118,7 +118,8 @@ def igpo(information_gain, scores, group_ids, mask, *, gamma: float = 1.0,
       std: "biased" (the authors' code), "unbiased" or "none".
       eps: added to the std (1e-6, the authors' code).
       num_groups: static number of groups, or None to remap ids.
-      method: "sequential", "chunked" or "associative" scan for the sums.
+      method: "auto", "sequential", "chunked" or "associative": how the sums are
+        solved (`reverse_linear_recurrence`).
 
     Returns:
       `[B, T]` advantages, 0 at masked turns.

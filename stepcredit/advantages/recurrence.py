@@ -5,10 +5,13 @@ Every backward credit computation in this package reduces to
     y_t = x_t + c_t * y_{t+1},    y_T = y_init,
 
 run from the last time step to the first along axis 1 of `[B, T]` arrays. It is
-implemented three ways, which agree to float32 rounding:
+implemented four ways, which agree to float32 rounding:
 
+- "auto" (the default): on CPU, for float32 arrays, a compiled kernel over the
+  batch-major rows (`native.linear_recurrence`, the same numbers as
+  "sequential" bit for bit) once it is built; "sequential" elsewhere;
 - "sequential": a `lax.scan` over time-major arrays, one step per iteration
-  (the reference path and the default);
+  (the reference path);
 - "chunked": blocks of `_BLOCK` steps solved together by recursive doubling
   (log2 `_BLOCK` vectorised passes over the batch-major array), then the same
   recurrence, recursively, over the block starts (T / `_BLOCK` steps); no
@@ -27,15 +30,17 @@ from typing import Literal
 import jax
 import jax.numpy as jnp
 
-Method = Literal["sequential", "chunked", "associative"]
-METHODS = ("sequential", "chunked", "associative")
+from stepcredit.advantages import native
+
+Method = Literal["auto", "sequential", "chunked", "associative"]
+METHODS = ("auto", "sequential", "chunked", "associative")
 # Steps per block of the "chunked" method: 3 doubling passes per level, and each
 # level shrinks the problem 8-fold.
 _BLOCK = 8
 
 
 def reverse_linear_recurrence(x: jax.Array, c: jax.Array, y_init: jax.Array, *,
-                              method: Method = "sequential") -> jax.Array:
+                              method: Method = "auto") -> jax.Array:
     """Solves y_t = x_t + c_t y_{t+1} backwards in time, with y_T = y_init.
 
     Args:
@@ -43,9 +48,11 @@ def reverse_linear_recurrence(x: jax.Array, c: jax.Array, y_init: jax.Array, *,
       c: `[B, T]` coefficients (a discount, or 1 to carry a value through a
         masked position, or 0 to reset).
       y_init: `[B]` value after the last time step (a bootstrap).
-      method: "sequential" (`lax.scan` over time), "chunked" (blocks solved
-        by vectorised doubling, recursively) or "associative"
-        (`lax.associative_scan`).
+      method: "auto" (the compiled CPU kernel for float32 on CPU once it is
+        built, else "sequential"; `recurrence_method` says which),
+        "sequential" (`lax.scan` over time), "chunked" (blocks solved by
+        vectorised doubling, recursively) or "associative"
+        (`lax.associative_scan`). Every method has a gradient.
 
     Returns:
       `[B, T]` solution y.
@@ -54,6 +61,8 @@ def reverse_linear_recurrence(x: jax.Array, c: jax.Array, y_init: jax.Array, *,
     y = [[1.75, 1.5, 1.0]].
     """
     x, c, y_init = jnp.asarray(x), jnp.asarray(c), jnp.asarray(y_init)
+    if method == "auto":
+        return _auto(x, c, y_init)
     if method == "sequential":
         return _sequential(x, c, y_init)
     if method == "chunked":
@@ -61,6 +70,65 @@ def reverse_linear_recurrence(x: jax.Array, c: jax.Array, y_init: jax.Array, *,
     if method == "associative":
         return _associative(x, c, y_init)
     raise ValueError(f"reverse_linear_recurrence: method={method!r}; expected one of {METHODS}")
+
+
+def recurrence_method(x, c, y_init, *, method: Method = "auto",
+                      backend: str | None = None) -> str:
+    """Which computation `reverse_linear_recurrence` runs for these arguments.
+
+    Args:
+      x, c, y_init: the call's arrays (or their `jax.ShapeDtypeStruct`s).
+      method: the call's `method`.
+      backend: the platform it will run on (default: `jax.default_backend()`).
+
+    Returns:
+      "native" (the compiled CPU kernel), or the scan's method name.
+    """
+    if method not in METHODS:
+        raise ValueError(f"recurrence_method: method={method!r}; expected one of {METHODS}")
+    if method != "auto":
+        return method
+    if ((backend or jax.default_backend()) != "cpu" or not _native_dtypes(x, c, y_init)
+            or native.build_error()):
+        return "sequential"
+    return "native"
+
+
+def _native_dtypes(*arrays) -> bool:
+    return all(jnp.result_type(a) == jnp.float32 for a in arrays)
+
+
+def _auto(x: jax.Array, c: jax.Array, y_init: jax.Array) -> jax.Array:
+    def on_cpu(x, c, y_init):
+        if not _native_dtypes(x, c, y_init) or native.build_error():
+            return _sequential(x, c, y_init)
+        return _native(x, c, y_init)
+
+    # The platform is known only at lowering, so the choice is made there.
+    return jax.lax.platform_dependent(x, c, y_init, cpu=on_cpu, default=_sequential)
+
+
+@jax.custom_vjp
+def _native(x: jax.Array, c: jax.Array, y_init: jax.Array) -> jax.Array:
+    return native.linear_recurrence(x, c, y_init, reverse=True)
+
+
+def _native_forward(x, c, y_init):
+    y = _native(x, c, y_init)
+    return y, (c, y_init, y)
+
+
+def _native_backward(residuals, cotangent):
+    # The adjoint of a backward recurrence runs forwards: lam_t = g_t + c_{t-1} lam_{t-1},
+    # and then dx_t = lam_t, dc_t = lam_t y_{t+1}, dy_init = c_{T-1} lam_{T-1}.
+    c, y_init, y = residuals
+    shifted = jnp.concatenate([jnp.zeros_like(c[:, :1]), c[:, :-1]], axis=1)
+    adjoint = native.linear_recurrence(cotangent, shifted, jnp.zeros_like(y_init), reverse=False)
+    y_next = jnp.concatenate([y[:, 1:], y_init[:, None]], axis=1)
+    return adjoint, adjoint * y_next, c[:, -1] * adjoint[:, -1]
+
+
+_native.defvjp(_native_forward, _native_backward)
 
 
 def _sequential(x: jax.Array, c: jax.Array, y_init: jax.Array) -> jax.Array:

@@ -331,7 +331,7 @@ _MT_GRPO = ("Reinforcing Multi-Turn Reasoning in LLM Agents via Turn-Level Credi
 _MT_GRPO_READS = {"step_rewards": "step_rewards", "scores": "scores", "group_ids": "group_ids",
                   "mask": "mask"}
 _MT_GRPO_DEFAULTS = {"lam": 1.0, "final_turn": "outcome", "std": "unbiased", "eps": 1e-6}
-_METHOD = {"method": "sequential"}
+_METHOD = {"method": "auto"}
 # GAE's default: the compiled CPU kernel wherever it applies (`gae.gae_method`).
 _GAE_METHOD = {"method": "auto"}
 

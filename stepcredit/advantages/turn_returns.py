@@ -66,7 +66,7 @@ def _turn_group_advantages(fn, step_rewards, group_ids, mask, *, gamma, baseline
 
 def gtpo(step_rewards, group_ids, mask, *, gamma: float = 0.9, baseline: str = "same_turn",
          std: str = "unbiased", eps: float = 1e-6, singleton: str = "zero",
-         num_groups: int | None = None, method: Method = "sequential") -> jax.Array:
+         num_groups: int | None = None, method: Method = "auto") -> jax.Array:
     """GTPO's turn advantages: group-normalised discounted per-turn returns.
 
     For trajectory i of group g and its valid turns t:
@@ -93,7 +93,8 @@ def gtpo(step_rewards, group_ids, mask, *, gamma: float = 0.9, baseline: str = "
       eps: added to the std (1e-6, as `grpo`).
       singleton: "zero" or "raw" for a comparison set with one member.
       num_groups: static number of groups, or None to remap ids.
-      method: "sequential", "chunked" or "associative" scan for the returns.
+      method: "auto", "sequential", "chunked" or "associative": how the returns are
+        solved (`reverse_linear_recurrence`).
 
     Returns:
       `[B, T]` advantages, 0 at masked turns.
@@ -135,7 +136,7 @@ def gtpo(step_rewards, group_ids, mask, *, gamma: float = 0.9, baseline: str = "
 
 def kevin(step_rewards, group_ids, mask, *, gamma: float = 0.4, baseline: str = "all_turns",
           std: str = "none", eps: float = 1e-8, singleton: str = "zero",
-          num_groups: int | None = None, method: Method = "sequential") -> jax.Array:
+          num_groups: int | None = None, method: Method = "auto") -> jax.Array:
     """Kevin's turn advantages: discounted per-turn returns minus the group's mean return.
 
     For trajectory i of group g and its valid turns t, with s_k the score of turn k:
@@ -162,7 +163,8 @@ def kevin(step_rewards, group_ids, mask, *, gamma: float = 0.4, baseline: str = 
       eps: added to the std (1e-8); ignored under std="none".
       singleton: "zero" or "raw" for a comparison set with one member.
       num_groups: static number of groups, or None to remap ids.
-      method: "sequential", "chunked" or "associative" scan for the returns.
+      method: "auto", "sequential", "chunked" or "associative": how the returns are
+        solved (`reverse_linear_recurrence`).
 
     Returns:
       `[B, T]` advantages, 0 at masked turns.

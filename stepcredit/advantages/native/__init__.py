@@ -11,6 +11,14 @@ a time in SIMD registers.
 groups): with a hash table in one pass instead of XLA:CPU's comparator sort,
 which costs over a hundred times the memory-copy floor.
 
+`linear_recurrence` solves y_t = x_t + c_t y_{t+1} (or y_{t-1}) along batch-major
+rows (`recurrence.cc`), eight rows at a time, where the scan pays per-step kernels
+and transposes; `group_normalize` is the group normalisation of `group._normalize`
+in four passes with per-group accumulators (`group_normalize.cc`), where XLA:CPU
+runs six scatters and six gathers. Both round every operation as the XLA
+computations they replace (a fused multiply-add where XLA:CPU fuses one, sums
+in element order), so they give the same float32 numbers.
+
 The C++ sources are compiled with the system compiler (`$CXX`, else `c++`) the
 first time a process uses it, against the XLA FFI headers that jaxlib ships,
 and cached under `$STEPCREDIT_NATIVE_CACHE` (default `~/.cache/stepcredit/native`),
@@ -42,11 +50,16 @@ import numpy as np
 from stepcredit.advantages import _checks
 
 _SOURCES = tuple(os.path.join(os.path.dirname(__file__), name)
-                 for name in ("masked_gae.cc", "pair_ids.cc"))
+                 for name in ("masked_gae.cc", "pair_ids.cc", "recurrence.cc",
+                              "group_normalize.cc"))
 # FFI target name -> the handler symbol in the library.
 _TARGET = "stepcredit_masked_gae_f32"
 _PAIR_TARGET = "stepcredit_pair_ids_s32"
-_SYMBOLS = {_TARGET: "StepcreditMaskedGaeF32", _PAIR_TARGET: "StepcreditPairIdsS32"}
+_RECURRENCE_TARGET = "stepcredit_linear_recurrence_f32"
+_NORMALIZE_TARGET = "stepcredit_group_normalize_f32"
+_SYMBOLS = {_TARGET: "StepcreditMaskedGaeF32", _PAIR_TARGET: "StepcreditPairIdsS32",
+            _RECURRENCE_TARGET: "StepcreditLinearRecurrenceF32",
+            _NORMALIZE_TARGET: "StepcreditGroupNormalizeF32"}
 _FLAGS = ("-O3", "-march=native", "-std=c++17", "-shared", "-fPIC", "-w")
 
 
@@ -211,3 +224,86 @@ def pair_ids(first: jax.Array, second: jax.Array) -> jax.Array:
     call = jax.ffi.ffi_call(_PAIR_TARGET, jax.ShapeDtypeStruct(first.shape, jnp.int32),
                             vmap_method="sequential")
     return _vary_over(call(first, second), varying)
+
+
+def _aligned(*arrays: jax.Array) -> tuple[frozenset, list[jax.Array]]:
+    """The mesh axes any operand varies over, and the operands made to vary over all of them
+    (inside shard_map a custom call needs its operands aligned)."""
+    varying = frozenset().union(*(jax.typeof(x).manual_axis_type.varying for x in arrays))
+    return varying, [_vary_over(x, varying) for x in arrays]
+
+
+def linear_recurrence(x: jax.Array, c: jax.Array, y_init: jax.Array, *,
+                      reverse: bool = True) -> jax.Array:
+    """Solves y_t = x_t + c_t y_{t+1} (reverse) or y_t = x_t + c_t y_{t-1} (forward) per row.
+
+    The boundary value y_init is y_T (reverse) or y_{-1} (forward). Each step is
+    rounded as XLA:CPU compiles the step of `lax.scan` (one fused multiply-add where
+    the CPU has them), so the two agree bit for bit.
+
+    Args:
+      x, c: `[B, T]` float32.
+      y_init: `[B]` float32.
+      reverse: run from the last time step to the first (True) or forwards.
+
+    Returns:
+      `[B, T]` float32 solution y.
+
+    Raises:
+      TypeError: an argument is not float32.
+      NativeBuildError: the kernel could not be built.
+    """
+    if not all(jnp.result_type(a) == jnp.float32 for a in (x, c, y_init)):
+        raise TypeError("linear_recurrence: the kernel takes float32 arrays")
+    _register()
+    varying, operands = _aligned(x, c, y_init)
+    call = jax.ffi.ffi_call(_RECURRENCE_TARGET, jax.ShapeDtypeStruct(x.shape, jnp.float32),
+                            vmap_method="broadcast_all")
+    return _vary_over(call(*operands, reverse=bool(reverse)), varying)
+
+
+# `group._normalize`'s std option -> the kernel's code.
+_STD_CODES = {"unbiased": 0, "biased": 1, "none": 2}
+
+
+def group_normalize(values: jax.Array, ids: jax.Array, valid: jax.Array, *, num_groups: int,
+                    std: str, eps: float, singleton: str) -> jax.Array:
+    """`group._normalize` (no mesh axis) by the compiled CPU kernel, bit for bit.
+
+    Within each group g of the valid elements,
+
+        out_i = (v_i - mean_g) / (std_g + eps)     (v_i - mean_g for std="none")
+
+    0 where the divisor is not positive, 0 in a group whose valid values are all
+    equal, v_i / (1 + eps) (v_i for std="none") for a singleton with
+    singleton="raw", and 0 at invalid elements; the statistics are those of
+    `group._group_stats` (power-of-two scaled, two passes).
+
+    Args:
+      values: float32, any shape.
+      ids: int32 group ids in [0, num_groups), the shape of `values`.
+      valid: bool, the shape of `values`.
+      num_groups: static number of groups.
+      std: "unbiased", "biased" or "none".
+      eps: added to the std, known when tracing.
+      singleton: "zero" or "raw".
+
+    Returns:
+      Float32 advantages of the shape of `values`.
+
+    Raises:
+      TypeError: values not float32 or eps traced.
+      NativeBuildError: the kernel could not be built.
+    """
+    if jnp.result_type(values) != jnp.float32 or not _checks.is_concrete(eps):
+        raise TypeError("group_normalize: the kernel takes float32 values and eps known when "
+                        "tracing")
+    _register()
+    varying, operands = _aligned(values, ids.astype(jnp.int32), valid)
+    # "sequential": a vmapped call normalises each batch member's groups apart.
+    call = jax.ffi.ffi_call(_NORMALIZE_TARGET, jax.ShapeDtypeStruct(values.shape, jnp.float32),
+                            vmap_method="sequential")
+    out = call(*operands, num_groups=np.int64(num_groups), std=np.int32(_STD_CODES[std]),
+               eps=np.float32(eps), one_plus_eps=np.float32(1.0 + float(eps)),
+               singleton_raw=singleton == "raw")
+    return _vary_over(out, varying)

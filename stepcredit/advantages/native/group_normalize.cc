@@ -1,0 +1,397 @@
+// Group normalisation in four passes over flat arrays: the CPU kernel behind
+// `group._normalize`, which GRPO's family, GiGPO's step groups, MT-GRPO, GTPO,
+// Kevin and IGPO share.
+//
+// For element i of group g = ids[i] (valid members only in every statistic):
+//
+//   s_g    = 2^-e_g, 2^e_g above the group's largest |v| (e_g clipped to
+//            [-125, 126], as `group._group_stats` clips it)
+//   mean_g = sum s_g v_i / n_g,   ss_g = sum (s_g v_i - mean_g)^2
+//   std_g  = sqrt(ss_g / (n_g - 1)) / s_g  (unbiased; 0 when n_g < 2)
+//          = sqrt(ss_g / n_g) / s_g        (biased)
+//   out_i  = (v_i - mean_g / s_g) / (std_g + eps)   (0 where std_g + eps <= 0;
+//            no division for std "none"),
+//            0 where the group's valid values are all equal, v_i (or
+//            v_i / (1 + eps)) for a singleton under singleton "raw", and 0 at
+//            invalid elements.
+//
+// XLA:CPU computes these statistics with six scatters and as many gathers over
+// the B x T elements, each several times the cost of reading them. The sums
+// run in element order, as XLA's scatter adds them, and every operation is the
+// one `group._normalize` applies, without fused multiply-adds, so the two give
+// the same float32 numbers. Ids outside [0, num_groups) are left out of the
+// statistics and read the nearest group, as XLA's scatter and gather treat them.
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <utility>
+#include <vector>
+
+#include "xla/ffi/api/ffi.h"
+
+#if defined(__clang__)
+#pragma clang fp contract(off)
+#elif defined(__GNUC__)
+#pragma GCC optimize("fp-contract=off")
+#endif
+
+namespace ffi = xla::ffi;
+
+namespace {
+
+enum Std : int32_t { kUnbiased = 0, kBiased = 1, kNone = 2 };
+
+// A group's accumulators. `epoch` names the call that last reset it, so a call
+// resets only the groups it meets, when it first meets them.
+struct Group {
+  float count, largest, high, low;  // largest: max |v|
+  float total, squares, scale;
+  int32_t chunk;  // the chunk that holds its elements, kShared for several
+  uint64_t epoch;
+};
+
+// A maximal stretch of equal ids.
+struct Run {
+  int64_t begin, end;
+  int32_t slot;
+};
+
+// The sums advance kChunks chunks in lockstep, each a chain independent of the
+// others. Chunks start at run boundaries (so that a group of consecutive
+// elements stays in one chunk) near multiples of n / kChunks moved by kSkew
+// elements each, since for power-of-two sizes the multiples would put every
+// chunk's current element in one cache set.
+constexpr int64_t kChunks = 8;
+constexpr int64_t kSkew = 131;
+constexpr int32_t kShared = -2;
+
+typedef float f32x8 __attribute__((vector_size(32)));
+typedef int32_t i32x8 __attribute__((vector_size(32)));
+typedef uint8_t u8x8 __attribute__((vector_size(8)));
+typedef int8_t i8x8 __attribute__((vector_size(8)));
+constexpr int64_t kLanes = 8;
+
+// max and min that keep a NaN, as XLA's do.
+inline float Max(float a, float b) { return (a > b || a != a) ? a : b; }
+inline float Min(float a, float b) { return (a < b || a != a) ? a : b; }
+
+inline f32x8 Load(const float* x) {
+  f32x8 out;
+  std::memcpy(&out, x, sizeof out);
+  return out;
+}
+// All ones where the mask byte is set: compare bytes, then widen (one sign extension).
+inline i32x8 LoadMask(const uint8_t* valid) {
+  u8x8 bytes;
+  std::memcpy(&bytes, valid, sizeof bytes);
+  return __builtin_convertvector((i8x8)(bytes != 0), i32x8);
+}
+inline f32x8 Keep(i32x8 mask, f32x8 x) { return (f32x8)(mask & (i32x8)x); }
+// x where the byte is set, else 0, without a branch: the mask is random, and a
+// mispredicted branch per element would cost more than the rest of a pass.
+inline float Keep(uint8_t valid, float x) {
+  uint32_t bits;
+  std::memcpy(&bits, &x, sizeof bits);
+  bits &= 0u - static_cast<uint32_t>(valid != 0);
+  std::memcpy(&x, &bits, sizeof x);
+  return x;
+}
+
+// Count, max |v|, max and min of the valid elements of [begin, end) (order-free),
+// eight at a time; a NaN is tracked apart and restored at the end.
+void Extremes(const float* v, const uint8_t* valid, int64_t begin, int64_t end, Group& g) {
+  const float inf = std::numeric_limits<float>::infinity();
+  const f32x8 zeros = {0, 0, 0, 0, 0, 0, 0, 0};
+  i32x8 count = {0, 0, 0, 0, 0, 0, 0, 0}, nan = count;
+  f32x8 largest = zeros, high = zeros - inf, low = zeros + inf;
+  int64_t i = begin;
+  for (; i + kLanes <= end; i += kLanes) {
+    const i32x8 mask = LoadMask(valid + i);
+    const f32x8 x = Load(v + i);
+    count -= mask;
+    nan |= mask & (x != x);
+    const f32x8 magnitude = (f32x8)((i32x8)Keep(mask, x) & 0x7fffffff);
+    largest = magnitude > largest ? magnitude : largest;
+    high = (mask != 0) & (x > high) ? x : high;
+    low = (mask != 0) & (x < low) ? x : low;
+  }
+  int32_t total = 0, any_nan = 0;
+  float most = 0.0f, top = -inf, bottom = inf;
+  for (int64_t k = 0; k < kLanes; ++k) {
+    total += count[k];
+    any_nan |= nan[k];
+    most = std::max(most, largest[k]);
+    top = std::max(top, high[k]);
+    bottom = std::min(bottom, low[k]);
+  }
+  for (; i < end; ++i) {
+    if (!valid[i]) continue;
+    ++total;
+    any_nan |= v[i] != v[i];
+    most = std::max(most, std::fabs(v[i]));
+    top = std::max(top, v[i]);
+    bottom = std::min(bottom, v[i]);
+  }
+  const float missing = std::numeric_limits<float>::quiet_NaN();
+  g.count += static_cast<float>(total);
+  g.largest = Max(g.largest, any_nan ? missing : most);
+  g.high = Max(g.high, any_nan ? missing : top);
+  g.low = Min(g.low, any_nan ? missing : bottom);
+}
+
+// Visits every element once: chunk c is [start[c], start[c + 1]); the chunks
+// advance one element each in lockstep, then each finishes its remainder in
+// order. Each chunk keeps the state of its current run of equal ids in
+// registers: begin(state, id) loads it, add(state, i) adds element i,
+// end(state, id) stores it back, so a run costs no memory round trip per
+// element. Within a chunk, elements are visited in order.
+template <int64_t Chunks, typename State, typename Begin, typename Add, typename End>
+void Lockstep(const int32_t* id, const int64_t* start, Begin begin, Add add, End end) {
+  State state[Chunks];
+  int32_t current[Chunks];
+  int64_t common = start[1] - start[0];
+  for (int64_t c = 0; c < Chunks; ++c) {
+    common = std::min(common, start[c + 1] - start[c]);
+    current[c] = id[start[c]];
+    begin(state[c], current[c]);
+  }
+  auto step = [&](int64_t c, int64_t i) {
+    if (__builtin_expect(id[i] != current[c], 0)) {
+      end(state[c], current[c]);
+      current[c] = id[i];
+      begin(state[c], current[c]);
+    }
+    add(state[c], i);
+  };
+  for (int64_t k = 0; k < common; ++k) {
+#pragma GCC unroll 8
+    for (int64_t c = 0; c < Chunks; ++c) step(c, start[c] + k);
+  }
+  for (int64_t c = 0; c < Chunks; ++c) {
+    for (int64_t i = start[c] + common; i < start[c + 1]; ++i) step(c, i);
+    end(state[c], current[c]);
+  }
+}
+
+struct Sum {
+  float sum, scale, mean;
+};
+
+// Sums of the scaled values, then of their squared deviations, in element order
+// per group. `at(id)` is the group an id accumulates into.
+template <int64_t Chunks, typename At>
+void Sums(const float* v, const uint8_t* valid, const int32_t* id, const int64_t* start, At at,
+          const std::vector<int32_t>& touched, Group* groups) {
+  Lockstep<Chunks, Sum>(
+      id, start, [&](Sum& state, int32_t g) { state = {at(g).total, at(g).scale, 0.0f}; },
+      [&](Sum& state, int64_t i) { state.sum += Keep(valid[i], v[i] * state.scale); },
+      [&](const Sum& state, int32_t g) { at(g).total = state.sum; });
+  for (int32_t g : touched) groups[g].total = groups[g].total / std::max(groups[g].count, 1.0f);
+  Lockstep<Chunks, Sum>(
+      id, start,
+      [&](Sum& state, int32_t g) { state = {at(g).squares, at(g).scale, at(g).total}; },
+      [&](Sum& state, int64_t i) {
+        const float deviation = Keep(valid[i], v[i] * state.scale - state.mean);
+        state.sum += deviation * deviation;
+      },
+      [&](const Sum& state, int32_t g) { at(g).squares = state.sum; });
+}
+
+// `Sums` for ids that change at nearly every element: each element adds into its
+// group in memory; the chunks' chains are still independent.
+template <int64_t Chunks, typename At>
+void DirectSums(const float* v, const uint8_t* valid, const int32_t* id, const int64_t* start,
+                At at, const std::vector<int32_t>& touched, Group* groups) {
+  auto lockstep = [&](auto add) {
+    int64_t common = start[1] - start[0];
+    for (int64_t c = 0; c < Chunks; ++c) common = std::min(common, start[c + 1] - start[c]);
+    for (int64_t k = 0; k < common; ++k) {
+#pragma GCC unroll 8
+      for (int64_t c = 0; c < Chunks; ++c) add(start[c] + k);
+    }
+    for (int64_t c = 0; c < Chunks; ++c) {
+      for (int64_t i = start[c] + common; i < start[c + 1]; ++i) add(i);
+    }
+  };
+  lockstep([&](int64_t i) {
+    Group& g = at(id[i]);
+    g.total += Keep(valid[i], v[i] * g.scale);
+  });
+  for (int32_t g : touched) groups[g].total = groups[g].total / std::max(groups[g].count, 1.0f);
+  lockstep([&](int64_t i) {
+    Group& g = at(id[i]);
+    const float deviation = Keep(valid[i], v[i] * g.scale - g.total);
+    g.squares += deviation * deviation;
+  });
+}
+
+// out[i] for the elements of one run, eight at a time: (v - mean) / divisor
+// (rule 2, a positive divisor), v / raw_divisor (rule 1) or 0; 0 at invalid elements.
+void Output(const float* v, const uint8_t* valid, int64_t begin, int64_t end, float mean,
+            float divisor, float rule, float raw_divisor, float* out) {
+  if (rule == 0.0f || (rule == 2.0f && !(divisor > 0.0f))) {
+    std::fill(out + begin, out + end, 0.0f);
+    return;
+  }
+  // Normalised, or raw: y = (x - shift) / by.
+  const float shift = rule == 2.0f ? mean : 0.0f, by = rule == 2.0f ? divisor : raw_divisor;
+  int64_t i = begin;
+  for (; i + kLanes <= end; i += kLanes) {
+    const f32x8 y = Keep(LoadMask(valid + i), (Load(v + i) - shift) / by);
+    std::memcpy(out + i, &y, sizeof y);
+  }
+  for (; i < end; ++i) out[i] = Keep(valid[i], (v[i] - shift) / by);
+}
+
+void Normalize(const float* v, const int32_t* id, const uint8_t* valid, int64_t n,
+               int64_t num_groups, int32_t std_mode, float eps, float one_plus_eps,
+               bool singleton_raw, float* result) {
+  if (n == 0) return;
+  // Kept between calls: a fresh allocation this size costs more in page faults
+  // than the kernel does.
+  thread_local std::vector<Group> groups;
+  thread_local std::vector<Run> runs;
+  thread_local std::vector<int32_t> touched;
+  thread_local uint64_t epoch = 0;
+  ++epoch;
+  // Ids outside [0, num_groups) accumulate into one more group, never read.
+  if (static_cast<int64_t>(groups.size()) <= num_groups) {
+    groups.resize(num_groups + 1, Group{0, 0, 0, 0, 0, 0, 0, 0, 0});
+  }
+  auto slot_of = [&](int32_t g) {
+    return g >= 0 && g < num_groups ? g : static_cast<int32_t>(num_groups);
+  };
+  // Chunk c is [start[c], start[c + 1]), cut where the id changes.
+  int64_t start[kChunks + 1];
+  start[0] = 0;
+  start[kChunks] = n;
+  for (int64_t c = 1; c < kChunks; ++c) {
+    int64_t i = std::max(std::min(c * (n / kChunks) + c * kSkew, n), start[c - 1]);
+    while (i < n && i > 0 && id[i] == id[i - 1]) ++i;
+    start[c] = i;
+  }
+  int64_t num_runs = 1;
+  for (int64_t i = 1; i < n; ++i) num_runs += id[i] != id[i - 1];
+  // Long runs keep their group in registers; short ones (ids that change at
+  // nearly every element) accumulate into memory directly.
+  const bool long_runs = n >= 4 * num_runs;
+  // Count, extremes and scale, chunk by chunk; a group met in two chunks makes
+  // the chunked sums reorder its additions, so they run in order instead.
+  runs.clear();
+  touched.clear();
+  const float inf = std::numeric_limits<float>::infinity();
+  bool chunked = true;
+  auto meet = [&](int32_t slot, int32_t chunk) -> Group& {
+    Group& group = groups[slot];
+    if (group.epoch != epoch) {
+      group = Group{0.0f, 0.0f, -inf, inf, 0.0f, 0.0f, 1.0f, chunk, epoch};
+      touched.push_back(slot);
+    }
+    chunked &= group.chunk == chunk;
+    return group;
+  };
+  for (int32_t c = 0; c < kChunks; ++c) {
+    chunked &= start[c + 1] > start[c];
+    if (long_runs) {
+      for (int64_t begin = start[c], end; begin < start[c + 1]; begin = end) {
+        for (end = begin + 1; end < start[c + 1] && id[end] == id[begin]; ++end) {
+        }
+        runs.push_back({begin, end, slot_of(id[begin])});
+        Extremes(v, valid, begin, end, meet(runs.back().slot, c));
+      }
+      continue;
+    }
+    for (int64_t i = start[c]; i < start[c + 1]; ++i) {
+      Group& group = meet(slot_of(id[i]), c);
+      if (!valid[i]) continue;
+      group.count += 1.0f;
+      group.largest = Max(group.largest, std::fabs(v[i]));
+      group.high = Max(group.high, v[i]);
+      group.low = Min(group.low, v[i]);
+    }
+  }
+  for (int32_t g : touched) {
+    Group& group = groups[g];
+    int exponent = 0;
+    if (std::isfinite(group.largest)) std::frexp(group.largest, &exponent);
+    group.scale = std::ldexp(1.0f, -std::clamp(exponent, -125, 126));
+  }
+  auto at = [&](int32_t g) -> Group& { return groups[slot_of(g)]; };
+  const int64_t whole[2] = {0, n};
+  if (long_runs && chunked) {
+    Sums<kChunks>(v, valid, id, start, at, touched, groups.data());
+  } else if (long_runs) {
+    Sums<1>(v, valid, id, whole, at, touched, groups.data());
+  } else if (chunked) {
+    DirectSums<kChunks>(v, valid, id, start, at, touched, groups.data());
+  } else {
+    DirectSums<1>(v, valid, id, whole, at, touched, groups.data());
+  }
+  // Per group: `total` becomes the mean, `squares` the divisor (1 for std "none":
+  // x / 1 is x), `scale` the output's rule: 0 all equal (or no valid member),
+  // 1 a singleton kept raw, 2 normalised.
+  for (int32_t g : touched) {
+    Group& group = groups[g];
+    const float variance =
+        std_mode == kUnbiased
+            ? (group.count >= 2.0f ? group.squares / std::max(group.count - 1.0f, 1.0f) : 0.0f)
+            : group.squares / std::max(group.count, 1.0f);
+    const float root = variance > 0.0f ? std::sqrt(variance) : 0.0f;
+    group.total = group.total / group.scale;
+    group.squares = std_mode == kNone ? 1.0f : root / group.scale + eps;
+    group.scale = singleton_raw && group.count == 1.0f ? 1.0f : group.high <= group.low ? 0.0f : 2.0f;
+  }
+  // Out-of-range ids read the nearest group, as XLA's gather clamps them; a group
+  // that holds no element reads as all equal (0).
+  const float raw_divisor = std_mode == kNone ? 1.0f : one_plus_eps;
+  auto read = [&](int32_t id) -> std::pair<const Group*, float> {
+    const Group& g = groups[std::clamp<int64_t>(id, 0, num_groups - 1)];
+    return {&g, g.epoch == epoch ? g.scale : 0.0f};
+  };
+  if (long_runs) {
+    for (const Run& run : runs) {
+      const auto [g, rule] = read(id[run.begin]);
+      Output(v, valid, run.begin, run.end, g->total, g->squares, rule, raw_divisor, result);
+    }
+    return;
+  }
+  for (int64_t i = 0; i < n; ++i) {
+    const auto [g, rule] = read(id[i]);
+    const float quotient = g->squares > 0.0f ? (v[i] - g->total) / g->squares : 0.0f;
+    const float advantage = rule == 2.0f ? quotient : rule == 1.0f ? v[i] / raw_divisor : 0.0f;
+    result[i] = Keep(valid[i], advantage);
+  }
+}
+
+ffi::Error GroupNormalize(ffi::Buffer<ffi::F32> values, ffi::Buffer<ffi::S32> ids,
+                          ffi::Buffer<ffi::PRED> valid, int64_t num_groups, int32_t std_mode,
+                          float eps, float one_plus_eps, bool singleton_raw,
+                          ffi::ResultBuffer<ffi::F32> out) {
+  const int64_t n = values.element_count();
+  if (ids.element_count() != n || valid.element_count() != n || out->element_count() != n) {
+    return ffi::Error::InvalidArgument("group_normalize: values, ids and valid must have equal sizes");
+  }
+  if (num_groups < 1) return ffi::Error::InvalidArgument("group_normalize: num_groups must be >= 1");
+  // bool has no vector type: the mask is read as bytes.
+  Normalize(values.typed_data(), ids.typed_data(),
+            reinterpret_cast<const uint8_t*>(valid.typed_data()), n, num_groups, std_mode, eps,
+            one_plus_eps, singleton_raw, out->typed_data());
+  return ffi::Error::Success();
+}
+
+}  // namespace
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(StepcreditGroupNormalizeF32, GroupNormalize,
+                              ffi::Ffi::Bind()
+                                  .Arg<ffi::Buffer<ffi::F32>>()   // values
+                                  .Arg<ffi::Buffer<ffi::S32>>()   // ids, the shape of values
+                                  .Arg<ffi::Buffer<ffi::PRED>>()  // valid, the shape of values
+                                  .Attr<int64_t>("num_groups")
+                                  .Attr<int32_t>("std")
+                                  .Attr<float>("eps")
+                                  .Attr<float>("one_plus_eps")
+                                  .Attr<bool>("singleton_raw")
+                                  .Ret<ffi::Buffer<ffi::F32>>()); // advantages
