@@ -41,9 +41,16 @@ class SweepSummary:
     failed: tuple[str, ...]
 
 
+def available_cores() -> int:
+    """The cores this process may run on (its affinity mask where the OS has one)."""
+    if hasattr(os, "sched_getaffinity"):
+        return len(os.sched_getaffinity(0))
+    return os.cpu_count() or 1
+
+
 def default_workers(pending: int, cores: int | None = None) -> int:
-    """No more workers than cores or pending runs (at least one)."""
-    return max(1, min(cores or os.cpu_count() or 1, pending))
+    """No more workers than cores or pending jobs (at least one)."""
+    return max(1, min(cores or available_cores(), pending))
 
 
 def worker_environment(threads: int) -> dict[str, str]:
@@ -155,7 +162,7 @@ def _sweep(study: Study, out: str, *, workers, threads, progress, note) -> Sweep
     workers = workers or default_workers(len(queue))
     if workers < 1:
         raise ValueError(f"--workers {workers}: it must be >= 1")
-    threads = threads or max(1, (os.cpu_count() or 1) // workers)
+    threads = threads or max(1, available_cores() // workers)
     env = worker_environment(threads)
     note(f"{study.name}: {len(every)} jobs, {len(skipped)} already done, {len(queue)} to run "
          f"with {workers} worker(s) x {threads} thread(s); logs in {os.path.join(out, 'runs')}")
