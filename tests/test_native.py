@@ -314,7 +314,7 @@ def normalize_inputs(shape=(64, 9), num_groups=11, seed=0):
     return values, ids, rng.random(shape) < 0.8
 
 
-@pytest.mark.parametrize("std", ["unbiased", "biased", "none"])
+@pytest.mark.parametrize("std", ["unbiased", "biased", "none", "leave_one_out"])
 @pytest.mark.parametrize("singleton", ["zero", "raw"])
 @pytest.mark.parametrize("layout", ["random", "sorted", "rows"])
 def test_the_normalize_kernel_equals_the_segment_sums_bit_for_bit(std, singleton, layout):

@@ -248,6 +248,9 @@ def _check_scores(fn: str, scores, group_ids, num_groups, axis_name):
 def _normalize(values, ids, valid, num_groups, *, std, eps, singleton, axis_name):
     """(v - mean) / (std + eps) within groups, with the small-group conventions; 0 where invalid.
 
+    std is "unbiased", "biased", "none" (v - mean) or "leave_one_out" (RLOO's
+    (v - mean) n / max(n - 1, 1), no eps).
+
     On one device (no `axis_name`), for float32 values and eps known when tracing, CPU
     runs the compiled kernel (`native.group_normalize`, the same numbers bit for bit)
     once it is built; otherwise segment sums (`_xla_normalize`).
@@ -272,14 +275,16 @@ def _normalize(values, ids, valid, num_groups, *, std, eps, singleton, axis_name
 def _xla_normalize(values, ids, valid, *, num_groups, std, eps, singleton, axis_name):
     stats = _group_stats(values, ids, valid, num_groups, axis_name)
     centered = values - stats.mean
-    if std == "none":
+    if std == "leave_one_out":
+        advantages = centered * stats.count / jnp.maximum(stats.count - 1.0, 1.0)
+    elif std == "none":
         advantages = centered
     else:
         scale = (stats.std_unbiased if std == "unbiased" else stats.std_biased) + eps
         advantages = jnp.where(scale > 0, centered / jnp.where(scale > 0, scale, 1.0), 0.0)
     advantages = jnp.where(_all_equal(values, ids, valid, num_groups, axis_name), 0.0, advantages)
     if singleton == "raw":
-        raw = values if std == "none" else values / (1.0 + eps)
+        raw = values if std in ("none", "leave_one_out") else values / (1.0 + eps)
         advantages = jnp.where(stats.count == 1, raw, advantages)
     return jnp.where(valid, advantages, 0.0)
 
@@ -347,13 +352,9 @@ def _centered(fn, scores, group_ids, num_groups, singleton, axis_name, leave_one
     _check_option(fn, "singleton", singleton, SINGLETONS)
     scores, dense = _check_scores(fn, scores, group_ids, num_groups, axis_name)
     valid = jnp.ones(scores.shape, jnp.bool_)
-    stats = _group_stats(scores, dense.ids, valid, dense.num_groups, axis_name)
-    advantages = scores - stats.mean
-    if leave_one_out:
-        advantages = advantages * stats.count / jnp.maximum(stats.count - 1.0, 1.0)
-    advantages = jnp.where(_all_equal(scores, dense.ids, valid, dense.num_groups, axis_name),
-                           0.0, advantages)
-    return jnp.where(stats.count == 1, scores if singleton == "raw" else 0.0, advantages)
+    return _normalize(scores, dense.ids, valid, dense.num_groups,
+                      std="leave_one_out" if leave_one_out else "none", eps=0.0,
+                      singleton=singleton, axis_name=axis_name)
 
 
 def rloo(scores, group_ids, *, num_groups: int | None = None, singleton: str = "zero",

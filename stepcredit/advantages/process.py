@@ -35,15 +35,14 @@ def _group_relative(values, ids, mask, num_groups, *, normalize, baseline, std, 
     """Group-normalised `[B, L]` values (0 where masked); ids are dense `[B]`."""
     full_ids = jnp.broadcast_to(ids[:, None], values.shape)
     if baseline == "all":
-        stats = group_lib.group_stats(values, full_ids, mask, num_groups=num_groups,
-                                      axis_name=axis_name)
-        all_equal = group_lib._all_equal(values, full_ids, mask, num_groups, axis_name)
-    else:
-        first, has_step = _first_valid(values, mask)
-        stats = group_lib.group_stats(first, ids, has_step, num_groups=num_groups,
-                                      axis_name=axis_name)
-        stats = group_lib.GroupStats(*(x[:, None] for x in stats))
-        all_equal = False  # equal first steps say nothing about the other steps
+        # A group with fewer than two valid positions has all of them equal: 0 either way.
+        return group_lib._normalize(values, full_ids, mask, num_groups,
+                                    std="leave_one_out" if normalize == "rloo" else std, eps=eps,
+                                    singleton="zero", axis_name=axis_name)
+    first, has_step = _first_valid(values, mask)
+    stats = group_lib.group_stats(first, ids, has_step, num_groups=num_groups,
+                                  axis_name=axis_name)
+    stats = group_lib.GroupStats(*(x[:, None] for x in stats))
     centered = values - stats.mean
     if normalize == "rloo":
         out = centered * stats.count / jnp.maximum(stats.count - 1.0, 1.0)
@@ -52,7 +51,8 @@ def _group_relative(values, ids, mask, num_groups, *, normalize, baseline, std, 
     else:
         scale = (stats.std_unbiased if std == "unbiased" else stats.std_biased) + eps
         out = centered / jnp.where(scale > 0, scale, 1.0)
-    out = jnp.where((stats.count < 2) | all_equal, 0.0, out)
+    # Equal first steps say nothing about the other steps: only the count zeroes here.
+    out = jnp.where(stats.count < 2, 0.0, out)
     return jnp.where(mask, out, 0.0)
 
 

@@ -263,7 +263,7 @@ def linear_recurrence(x: jax.Array, c: jax.Array, y_init: jax.Array, *,
 
 
 # `group._normalize`'s std option -> the kernel's code.
-_STD_CODES = {"unbiased": 0, "biased": 1, "none": 2}
+_STD_CODES = {"unbiased": 0, "biased": 1, "none": 2, "leave_one_out": 3}
 
 
 def group_normalize(values: jax.Array, ids: jax.Array, valid: jax.Array, *, num_groups: int,
@@ -272,7 +272,9 @@ def group_normalize(values: jax.Array, ids: jax.Array, valid: jax.Array, *, num_
 
     Within each group g of the valid elements,
 
-        out_i = (v_i - mean_g) / (std_g + eps)     (v_i - mean_g for std="none")
+        out_i = (v_i - mean_g) / (std_g + eps)     (v_i - mean_g for std="none",
+                                                    (v_i - mean_g) n_g / max(n_g - 1, 1)
+                                                    for std="leave_one_out")
 
     0 where the divisor is not positive, 0 in a group whose valid values are all
     equal, v_i / (1 + eps) (v_i for std="none") for a singleton with
@@ -284,7 +286,7 @@ def group_normalize(values: jax.Array, ids: jax.Array, valid: jax.Array, *, num_
       ids: int32 group ids in [0, num_groups), the shape of `values`.
       valid: bool, the shape of `values`.
       num_groups: static number of groups.
-      std: "unbiased", "biased" or "none".
+      std: "unbiased", "biased", "none" or "leave_one_out".
       eps: added to the std, known when tracing.
       singleton: "zero" or "raw".
 

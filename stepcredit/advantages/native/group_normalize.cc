@@ -10,7 +10,8 @@
 //   std_g  = sqrt(ss_g / (n_g - 1)) / s_g  (unbiased; 0 when n_g < 2)
 //          = sqrt(ss_g / n_g) / s_g        (biased)
 //   out_i  = (v_i - mean_g / s_g) / (std_g + eps)   (0 where std_g + eps <= 0;
-//            no division for std "none"),
+//            no division for std "none"; (v_i - mean_g / s_g) n_g / max(n_g - 1, 1)
+//            for "leave_one_out"),
 //            0 where the group's valid values are all equal, v_i (or
 //            v_i / (1 + eps)) for a singleton under singleton "raw", and 0 at
 //            invalid elements.
@@ -42,7 +43,8 @@ namespace ffi = xla::ffi;
 
 namespace {
 
-enum Std : int32_t { kUnbiased = 0, kBiased = 1, kNone = 2 };
+// kLeaveOneOut: (v - mean) n / max(n - 1, 1), RLOO's centring (no std, no eps).
+enum Std : int32_t { kUnbiased = 0, kBiased = 1, kNone = 2, kLeaveOneOut = 3 };
 
 // A group's accumulators. `epoch` names the call that last reset it, so a call
 // resets only the groups it meets, when it first meets them.
@@ -228,22 +230,25 @@ void DirectSums(const float* v, const uint8_t* valid, const int32_t* id, const i
   });
 }
 
-// out[i] for the elements of one run, eight at a time: (v - mean) / divisor
-// (rule 2, a positive divisor), v / raw_divisor (rule 1) or 0; 0 at invalid elements.
+// out[i] for the elements of one run, eight at a time: (v - mean) factor / divisor
+// (rule 2, a positive divisor), v / raw_divisor (rule 1) or 0; 0 at invalid
+// elements. factor is 1 but for leave-one-out (x 1 and / 1 leave x as it is).
 void Output(const float* v, const uint8_t* valid, int64_t begin, int64_t end, float mean,
-            float divisor, float rule, float raw_divisor, float* out) {
+            float factor, float divisor, float rule, float raw_divisor, float* out) {
   if (rule == 0.0f || (rule == 2.0f && !(divisor > 0.0f))) {
     std::fill(out + begin, out + end, 0.0f);
     return;
   }
-  // Normalised, or raw: y = (x - shift) / by.
-  const float shift = rule == 2.0f ? mean : 0.0f, by = rule == 2.0f ? divisor : raw_divisor;
+  // Normalised, or raw: y = (x - shift) times / by.
+  const bool normalised = rule == 2.0f;
+  const float shift = normalised ? mean : 0.0f, times = normalised ? factor : 1.0f;
+  const float by = normalised ? divisor : raw_divisor;
   int64_t i = begin;
   for (; i + kLanes <= end; i += kLanes) {
-    const f32x8 y = Keep(LoadMask(valid + i), (Load(v + i) - shift) / by);
+    const f32x8 y = Keep(LoadMask(valid + i), (Load(v + i) - shift) * times / by);
     std::memcpy(out + i, &y, sizeof y);
   }
-  for (; i < end; ++i) out[i] = Keep(valid[i], (v[i] - shift) / by);
+  for (; i < end; ++i) out[i] = Keep(valid[i], (v[i] - shift) * times / by);
 }
 
 void Normalize(const float* v, const int32_t* id, const uint8_t* valid, int64_t n,
@@ -331,7 +336,7 @@ void Normalize(const float* v, const int32_t* id, const uint8_t* valid, int64_t 
     DirectSums<1>(v, valid, id, whole, at, touched, groups.data());
   }
   // Per group: `total` becomes the mean, `squares` the divisor (1 for std "none":
-  // x / 1 is x), `scale` the output's rule: 0 all equal (or no valid member),
+  // x / 1 is x; n - 1 for leave-one-out, whose factor is `count`), `scale` the output's rule: 0 all equal (or no valid member),
   // 1 a singleton kept raw, 2 normalised.
   for (int32_t g : touched) {
     Group& group = groups[g];
@@ -341,12 +346,14 @@ void Normalize(const float* v, const int32_t* id, const uint8_t* valid, int64_t 
             : group.squares / std::max(group.count, 1.0f);
     const float root = variance > 0.0f ? std::sqrt(variance) : 0.0f;
     group.total = group.total / group.scale;
-    group.squares = std_mode == kNone ? 1.0f : root / group.scale + eps;
+    group.squares = std_mode == kLeaveOneOut ? std::max(group.count - 1.0f, 1.0f)
+                    : std_mode == kNone      ? 1.0f
+                                             : root / group.scale + eps;
     group.scale = singleton_raw && group.count == 1.0f ? 1.0f : group.high <= group.low ? 0.0f : 2.0f;
   }
   // Out-of-range ids read the nearest group, as XLA's gather clamps them; a group
   // that holds no element reads as all equal (0).
-  const float raw_divisor = std_mode == kNone ? 1.0f : one_plus_eps;
+  const float raw_divisor = std_mode == kNone || std_mode == kLeaveOneOut ? 1.0f : one_plus_eps;
   auto read = [&](int32_t id) -> std::pair<const Group*, float> {
     const Group& g = groups[std::clamp<int64_t>(id, 0, num_groups - 1)];
     return {&g, g.epoch == epoch ? g.scale : 0.0f};
@@ -354,13 +361,16 @@ void Normalize(const float* v, const int32_t* id, const uint8_t* valid, int64_t 
   if (long_runs) {
     for (const Run& run : runs) {
       const auto [g, rule] = read(id[run.begin]);
-      Output(v, valid, run.begin, run.end, g->total, g->squares, rule, raw_divisor, result);
+      const float factor = std_mode == kLeaveOneOut ? g->count : 1.0f;
+      Output(v, valid, run.begin, run.end, g->total, factor, g->squares, rule, raw_divisor,
+             result);
     }
     return;
   }
   for (int64_t i = 0; i < n; ++i) {
     const auto [g, rule] = read(id[i]);
-    const float quotient = g->squares > 0.0f ? (v[i] - g->total) / g->squares : 0.0f;
+    const float factor = std_mode == kLeaveOneOut ? g->count : 1.0f;
+    const float quotient = g->squares > 0.0f ? (v[i] - g->total) * factor / g->squares : 0.0f;
     const float advantage = rule == 2.0f ? quotient : rule == 1.0f ? v[i] / raw_divisor : 0.0f;
     result[i] = Keep(valid[i], advantage);
   }
