@@ -196,10 +196,12 @@ def test_table_summarises_seeds_marks_separated_best_and_adds_columns(tmp_path):
     unseen = {r["method"]: r for r in data["columns"][2]["rows"]}
     assert unseen["StepPO"]["published"][steppo_paper] == pytest.approx(0.8582)
     assert not any(r["best"] for r in data["columns"][1]["rows"])  # overlapping intervals
+    assert {r["method"]: r["success"].low for r in data["columns"][1]["rows"]}["GRPO"] < 0
     text = table.markdown(data)
     assert "**0.80 ± 0.02" in text and "## alfworld (unseen)" in text
     assert "published: StepPO paper" in text and "0.64" in text
     assert "0.70 [0.65, 0.75]" in text
+    assert "0.40 ± 0.20 [0.00, 0.90]" in text  # GRPO on ALFWorld: its interval clipped at 0
     paths = table.write_table(str(out))
     rows = open(paths["csv"]).read().splitlines()
     assert len(rows) == 1 + 3 * 2 and "success_low" in rows[0]

@@ -163,11 +163,14 @@ def build_table(out: str) -> dict[str, Any]:
 
 
 def _summary_text(summary: Summary | None) -> str:
+    """`mean ± sd [low, high]`, the interval clipped to [0, 1], the range of success and
+    score (the CSV keeps the unclipped bounds)."""
     if summary is None:
         return "-"
     if not summary.has_interval:
         return f"{summary.mean:.2f} (1 seed)"
-    return f"{summary.mean:.2f} ± {summary.std:.2f} [{summary.low:.2f}, {summary.high:.2f}]"
+    low, high = max(summary.low, 0.0), min(summary.high, 1.0)
+    return f"{summary.mean:.2f} ± {summary.std:.2f} [{low:.2f}, {high:.2f}]"
 
 
 def _score_text(score: tuple[float, float, float] | None) -> str:
@@ -182,7 +185,8 @@ def markdown(table: dict[str, Any]) -> str:
     lines = [f"# Study {table['study']}", ""]
     if table["description"]:
         lines += [table["description"], ""]
-    lines += ["Test success of the final policy (greedy), mean ± sd [95% t-interval] over "
+    lines += ["Test success of the final policy (greedy), mean ± sd [95% t-interval, clipped to "
+              "[0, 1]] over "
               f"seeds {', '.join(map(str, table['seeds']))}; **bold**: the best, only where its "
               "interval lies above every other method's."
               + (" AUC and blame localisation: the method's estimator graded against the "
