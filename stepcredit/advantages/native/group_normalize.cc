@@ -51,7 +51,7 @@ enum Std : int32_t { kUnbiased = 0, kBiased = 1, kNone = 2, kLeaveOneOut = 3 };
 struct Group {
   float count, largest, high, low;  // largest: max |v|
   float total, squares, scale;
-  int32_t chunk;  // the chunk that holds its elements, kShared for several
+  int64_t last;  // the index of its last element
   uint64_t epoch;
 };
 
@@ -62,13 +62,11 @@ struct Run {
 };
 
 // The sums advance kChunks chunks in lockstep, each a chain independent of the
-// others. Chunks start at run boundaries (so that a group of consecutive
-// elements stays in one chunk) near multiples of n / kChunks moved by kSkew
-// elements each, since for power-of-two sizes the multiples would put every
-// chunk's current element in one cache set.
+// others. Chunks start near multiples of n / kChunks moved by kSkew elements
+// each, since for power-of-two sizes the multiples would put every chunk's
+// current element in one cache set.
 constexpr int64_t kChunks = 8;
 constexpr int64_t kSkew = 131;
-constexpr int32_t kShared = -2;
 
 typedef float f32x8 __attribute__((vector_size(32)));
 typedef int32_t i32x8 __attribute__((vector_size(32)));
@@ -269,48 +267,36 @@ void Normalize(const float* v, const int32_t* id, const uint8_t* valid, int64_t 
   auto slot_of = [&](int32_t g) {
     return g >= 0 && g < num_groups ? g : static_cast<int32_t>(num_groups);
   };
-  // Chunk c is [start[c], start[c + 1]), cut where the id changes.
-  int64_t start[kChunks + 1];
-  start[0] = 0;
-  start[kChunks] = n;
-  for (int64_t c = 1; c < kChunks; ++c) {
-    int64_t i = std::max(std::min(c * (n / kChunks) + c * kSkew, n), start[c - 1]);
-    while (i < n && i > 0 && id[i] == id[i - 1]) ++i;
-    start[c] = i;
-  }
   int64_t num_runs = 1;
   for (int64_t i = 1; i < n; ++i) num_runs += id[i] != id[i - 1];
   // Long runs keep their group in registers; short ones (ids that change at
   // nearly every element) accumulate into memory directly.
   const bool long_runs = n >= 4 * num_runs;
-  // Count, extremes and scale, chunk by chunk; a group met in two chunks makes
-  // the chunked sums reorder its additions, so they run in order instead.
+  // Count, extremes and scale, and where each group's last element is.
   runs.clear();
   touched.clear();
   const float inf = std::numeric_limits<float>::infinity();
-  bool chunked = true;
-  auto meet = [&](int32_t slot, int32_t chunk) -> Group& {
+  auto meet = [&](int32_t slot) -> Group& {
     Group& group = groups[slot];
-    if (group.epoch != epoch) {
-      group = Group{0.0f, 0.0f, -inf, inf, 0.0f, 0.0f, 1.0f, chunk, epoch};
+    if (__builtin_expect(group.epoch != epoch, 0)) {
+      group = Group{0.0f, 0.0f, -inf, inf, 0.0f, 0.0f, 1.0f, 0, epoch};
       touched.push_back(slot);
     }
-    chunked &= group.chunk == chunk;
     return group;
   };
-  for (int32_t c = 0; c < kChunks; ++c) {
-    chunked &= start[c + 1] > start[c];
-    if (long_runs) {
-      for (int64_t begin = start[c], end; begin < start[c + 1]; begin = end) {
-        for (end = begin + 1; end < start[c + 1] && id[end] == id[begin]; ++end) {
-        }
-        runs.push_back({begin, end, slot_of(id[begin])});
-        Extremes(v, valid, begin, end, meet(runs.back().slot, c));
+  if (long_runs) {
+    for (int64_t begin = 0, end; begin < n; begin = end) {
+      for (end = begin + 1; end < n && id[end] == id[begin]; ++end) {
       }
-      continue;
+      runs.push_back({begin, end, slot_of(id[begin])});
+      Group& group = meet(runs.back().slot);
+      Extremes(v, valid, begin, end, group);
+      group.last = end - 1;
     }
-    for (int64_t i = start[c]; i < start[c + 1]; ++i) {
-      Group& group = meet(slot_of(id[i]), c);
+  } else {
+    for (int64_t i = 0; i < n; ++i) {
+      Group& group = meet(slot_of(id[i]));
+      group.last = i;
       if (!valid[i]) continue;
       group.count += 1.0f;
       group.largest = Max(group.largest, std::fabs(v[i]));
@@ -318,6 +304,27 @@ void Normalize(const float* v, const int32_t* id, const uint8_t* valid, int64_t 
       group.low = Min(group.low, v[i]);
     }
   }
+  // Chunk c is [start[c], start[c + 1]), cut only where every group met so far
+  // has ended, so that no group spans two chunks and each group's sums keep
+  // their order. Without such cuts the sums run in one chunk.
+  int64_t start[kChunks + 1];
+  start[0] = 0;
+  int64_t chunk = 1, reach = -1;
+  auto cut = [&](int64_t i, int32_t slot) {  // after element i, the last of its run
+    reach = std::max(reach, groups[slot].last);
+    if (reach == i && chunk < kChunks && i + 1 >= chunk * (n / kChunks) + chunk * kSkew) {
+      start[chunk++] = i + 1;
+    }
+  };
+  if (long_runs) {
+    for (const Run& run : runs) cut(run.end - 1, run.slot);
+  } else {
+    for (int64_t i = 0; i < n; ++i) cut(i, slot_of(id[i]));
+  }
+  bool chunked = chunk == kChunks;
+  for (int64_t c = 1; c < kChunks && chunked; ++c) chunked = start[c] > start[c - 1];
+  chunked &= start[kChunks - 1] < n;
+  start[kChunks] = n;
   for (int32_t g : touched) {
     Group& group = groups[g];
     int exponent = 0;

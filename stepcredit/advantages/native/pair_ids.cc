@@ -39,8 +39,14 @@ ffi::Error PairIds(ffi::Buffer<ffi::S32> first, ffi::Buffer<ffi::S32> second,
   uint64_t capacity = 16;
   while (capacity < 2 * static_cast<uint64_t>(n)) capacity <<= 1;
   const uint64_t slot_mask = capacity - 1;
-  std::vector<uint64_t> keys(capacity);
-  std::vector<int32_t> slots(capacity, -1);
+  // Kept between calls (grown, never shrunk): a fresh table this size costs more in
+  // page faults than the pass over the pairs does. Only `slots` needs clearing.
+  thread_local std::vector<uint64_t> key_table;
+  thread_local std::vector<int32_t> slot_table;
+  if (key_table.size() < capacity) key_table.resize(capacity);
+  slot_table.assign(capacity, -1);
+  uint64_t* keys = key_table.data();
+  int32_t* slots = slot_table.data();
   const int32_t* a = first.typed_data();
   const int32_t* b = second.typed_data();
   int32_t* out = ids->typed_data();
