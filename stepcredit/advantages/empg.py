@@ -15,6 +15,7 @@ import jax.numpy as jnp
 
 from stepcredit.advantages import _checks
 from stepcredit.advantages import group as group_lib
+from stepcredit.advantages.recurrence import reverse_linear_recurrence
 
 
 def _batch_sum(x: jax.Array, axis_name: str | None) -> jax.Array:
@@ -32,14 +33,18 @@ def _batch_min_max(entropy: jax.Array, mask: jax.Array, axis_name: str | None):
 
 
 def _next_valid(x: jax.Array, mask: jax.Array) -> tuple[jax.Array, jax.Array]:
-    """x at the next valid step of the same row after t, and whether one exists."""
-    num_steps = mask.shape[1]
-    position = jnp.where(mask, jnp.arange(num_steps), num_steps)
-    first_from = jax.lax.cummin(position, axis=1, reverse=True)
-    after = jnp.concatenate([first_from[:, 1:], jnp.full_like(first_from[:, :1], num_steps)],
-                            axis=1)
-    exists = after < num_steps
-    return jnp.take_along_axis(x, jnp.minimum(after, num_steps - 1), axis=1), exists
+    """x at the next valid step of the same row after t, and whether one exists (x >= 0).
+
+    h_t = x_t at valid t, else h_{t+1}, and -1 after the row's last valid step: a
+    reverse linear recurrence with coefficient 0 at valid steps (which passes x_t
+    exactly) and 1 elsewhere, so CPU runs it as the compiled kernel, where XLA:CPU
+    runs a reverse cumulative minimum as a slow reduce-window.
+    """
+    carried = reverse_linear_recurrence(jnp.where(mask, x, 0.0),
+                                        jnp.where(mask, 0.0, 1.0).astype(x.dtype),
+                                        jnp.full_like(x[:, 0], -1.0))  # varying as x, under shard_map
+    after = jnp.concatenate([carried[:, 1:], jnp.full_like(carried[:, :1], -1.0)], axis=1)
+    return after, ~(after < 0)  # a NaN at a valid step stays NaN
 
 
 def _check_inputs(fn: str, advantages, entropy, mask):
