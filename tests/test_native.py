@@ -384,3 +384,40 @@ def test_group_kernels_inside_shard_map(mesh4):
                                   mesh=mesh4, in_specs=P("data"), out_specs=P("data")))
     np.testing.assert_array_equal(solve(x, c, y_init),
                                   native.linear_recurrence(x, np.ones_like(c), y_init))
+
+
+def token_view(batch=19, steps=5, seed=0):
+    rng = np.random.default_rng(seed)
+    step_index = np.sort(rng.integers(-1, steps, size=(batch, 23)), axis=1).astype(np.int32)
+    step_index[rng.random(step_index.shape) < 0.2] = -1  # observation tokens between steps
+    values = rng.normal(size=step_index.shape).astype(np.float32)
+    return rng.normal(size=(batch, steps)).astype(np.float32), values, step_index
+
+
+def test_the_token_kernels_equal_the_gather_and_the_scatter_with_their_gradients():
+    from stepcredit.advantages import tokens
+
+    step_values, token_values, step_index = token_view()
+    pairs = [
+        (tokens.broadcast_to_tokens, tokens._xla_broadcast, step_values),
+        (tokens.token_rewards_from_steps,
+         functools.partial(tokens._xla_last_tokens, last_only=True), step_values),
+        (functools.partial(tokens.step_rewards_from_tokens, num_steps=5),
+         functools.partial(tokens._xla_step_sums, num_steps=5), token_values),
+    ]
+    for ours, xla, values in pairs:
+        np.testing.assert_array_equal(jax.jit(ours)(values, step_index),
+                                      jax.jit(xla)(values, step_index))
+        weights = np.random.default_rng(2).normal(size=xla(values, step_index).shape)
+        grad = lambda fn: jax.grad(lambda v: jnp.sum(weights * fn(v, step_index)))(values)  # noqa: E731
+        np.testing.assert_allclose(grad(ours), grad(xla), rtol=1e-6, atol=1e-6)
+        np.testing.assert_array_equal(jax.vmap(ours)(values[None], step_index[None])[0],
+                                      xla(values, step_index))
+    target = native._BROADCAST_TARGET
+    assert target in exported_text(tokens.broadcast_to_tokens, "cpu", target, step_values,
+                                   step_index)
+    assert target not in exported_text(tokens.broadcast_to_tokens, "cuda", target, step_values,
+                                       step_index)
+    sums = functools.partial(tokens.step_rewards_from_tokens, num_steps=5)
+    assert native._STEP_SUMS_TARGET not in exported_text(sums, "cuda", native._STEP_SUMS_TARGET,
+                                                         token_values, step_index)

@@ -30,7 +30,8 @@ import jax.numpy as jnp
 from stepcredit.advantages.igpo import information_gain
 from stepcredit.advantages.istar import implicit_step_rewards
 from stepcredit.advantages.process import prime_token_rewards
-from stepcredit.advantages.tokens import broadcast_to_tokens
+from stepcredit.advantages.tokens import last_action_tokens  # noqa: F401 (stepcredit.credit's)
+from stepcredit.advantages.tokens import token_rewards_from_steps
 
 
 class CreditInputs(NamedTuple):
@@ -100,19 +101,6 @@ class CreditInputs(NamedTuple):
     mc_values: Any = None
     answer_logp: Any = None
     information_gain: Any = None
-
-
-def last_action_tokens(step_index) -> jax.Array:
-    """`[B, N]` bool: True at the last action token of each step (where its reward sits)."""
-    step_index = jnp.asarray(step_index)
-    following = jnp.concatenate([step_index[:, 1:], jnp.full_like(step_index[:, :1], -1)], axis=1)
-    return (step_index >= 0) & (following != step_index)
-
-
-def token_rewards_from_steps(step_rewards, step_index) -> jax.Array:
-    """`[B, N]`: each step's reward `[B, T]` on its last action token, 0 elsewhere."""
-    on_tokens = broadcast_to_tokens(step_rewards, step_index)
-    return jnp.where(last_action_tokens(step_index), on_tokens, 0.0)
 
 
 class Derived(NamedTuple):

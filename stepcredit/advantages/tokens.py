@@ -9,10 +9,12 @@ the same trajectories.
 
 from __future__ import annotations
 
+import functools
+
 import jax
 import jax.numpy as jnp
 
-from stepcredit.advantages import _checks
+from stepcredit.advantages import _checks, native
 
 
 def _check_token_view(fn: str, name: str, token_values, step_index, num_steps: int):
@@ -44,7 +46,9 @@ def step_rewards_from_tokens(token_rewards, step_index, num_steps: int) -> jax.A
       num_steps: static number of steps T of the output.
 
     Returns:
-      `[B, T]` step rewards (0 for a step with no action tokens).
+      `[B, T]` step rewards (0 for a step with no action tokens). On CPU, for
+      float32, the compiled kernel `native.tokens_to_steps` computes them (the
+      same numbers bit for bit); elsewhere a segment sum.
 
     References:
       StepPO (arXiv 2604.18401), §1.2 of its step-level GAE: the environment's
@@ -56,11 +60,101 @@ def step_rewards_from_tokens(token_rewards, step_index, num_steps: int) -> jax.A
     fn = "step_rewards_from_tokens"
     token_rewards, step_index = _check_token_view(fn, "token_rewards", token_rewards, step_index,
                                                   num_steps)
+    return _on_cpu_if_float32(_native_step_sums, _xla_step_sums, token_rewards, step_index,
+                              num_steps=num_steps)
+
+
+def _on_cpu_if_float32(kernel, xla, values, step_index, **static):
+    """`kernel` on CPU for float32 values once the kernels are built, else `xla`; both take
+    (values, step_index, **static) and give the same numbers."""
+    xla = functools.partial(xla, **static)
+    if values.dtype != jnp.float32:
+        return xla(values, step_index)
+
+    def on_cpu(values, step_index):
+        if native.build_error():
+            return xla(values, step_index)
+        return kernel(values, step_index.astype(jnp.int32), *static.values())
+
+    # The platform is known only at lowering, so the choice is made there.
+    return jax.lax.platform_dependent(values, step_index, cpu=on_cpu, default=xla)
+
+
+def _xla_step_sums(token_rewards, step_index, num_steps):
     batch = token_rewards.shape[0]
     clean = jnp.where(step_index >= 0, token_rewards, 0.0).reshape(-1)
     sums = jax.ops.segment_sum(clean, _row_segments(step_index, num_steps),
                                num_segments=batch * (num_steps + 1))
     return sums.reshape(batch, num_steps + 1)[:, :num_steps]
+
+
+def _xla_broadcast(step_values, step_index, last_only=False):
+    num_steps = step_values.shape[1]
+    gathered = jnp.take_along_axis(step_values, jnp.clip(step_index, 0, num_steps - 1), axis=1)
+    return jnp.where(step_index >= 0, gathered, 0.0)
+
+
+# The kernels have no derivative of their own: each is the other's transpose (the
+# preference losses differentiate through the step sums).
+@functools.partial(jax.custom_vjp, nondiff_argnums=(2,))
+def _native_step_sums(token_values, step_index, num_steps):
+    return native.tokens_to_steps(token_values, step_index, num_steps)
+
+
+def _step_sums_forward(token_values, step_index, num_steps):
+    return _native_step_sums(token_values, step_index, num_steps), step_index
+
+
+def _step_sums_backward(num_steps, step_index, cotangent):
+    counted = jnp.where(step_index < num_steps, step_index, -1)
+    return _native_broadcast(cotangent, counted, False), None
+
+
+_native_step_sums.defvjp(_step_sums_forward, _step_sums_backward)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(2,))
+def _native_broadcast(step_values, step_index, last_only):
+    return native.steps_to_tokens(step_values, step_index, last_only=last_only)
+
+
+def _broadcast_forward(step_values, step_index, last_only):
+    return (_native_broadcast(step_values, step_index, last_only),
+            (step_index, step_values.shape[1]))
+
+
+def _broadcast_backward(last_only, residuals, cotangent):
+    step_index, num_steps = residuals
+    counted = (step_index >= 0) & (last_action_tokens(step_index) | (not last_only))
+    clipped = jnp.where(counted, jnp.minimum(step_index, num_steps - 1), -1)
+    return _native_step_sums(cotangent, clipped, num_steps), None
+
+
+_native_broadcast.defvjp(_broadcast_forward, _broadcast_backward)
+
+
+def last_action_tokens(step_index) -> jax.Array:
+    """`[B, N]` bool: True at the last action token of each step (where its reward sits)."""
+    step_index = jnp.asarray(step_index)
+    following = jnp.concatenate([step_index[:, 1:], jnp.full_like(step_index[:, :1], -1)], axis=1)
+    return (step_index >= 0) & (following != step_index)
+
+
+def token_rewards_from_steps(step_rewards, step_index) -> jax.Array:
+    """`[B, N]`: each step's reward `[B, T]` on its last action token, 0 elsewhere.
+
+    On CPU, for float32, one pass of the compiled kernel `native.steps_to_tokens`;
+    elsewhere a gather and a select (the same numbers).
+    """
+    step_rewards, step_index = _check_step_view("token_rewards_from_steps", step_rewards,
+                                                step_index)
+    return _on_cpu_if_float32(_native_broadcast, _xla_last_tokens, step_rewards, step_index,
+                              last_only=True)
+
+
+def _xla_last_tokens(step_rewards, step_index, last_only):
+    return jnp.where(last_action_tokens(step_index), _xla_broadcast(step_rewards, step_index),
+                     0.0)
 
 
 def first_token_positions(step_index, num_steps: int) -> tuple[jax.Array, jax.Array]:
@@ -124,7 +218,8 @@ def broadcast_to_tokens(step_values, step_index) -> jax.Array:
       step_index: `[B, N]` int, the step of each action token, -1 elsewhere.
 
     Returns:
-      `[B, N]`, 0 where step_index is -1.
+      `[B, N]`, 0 where step_index is -1. On CPU, for float32, by the compiled
+      kernel `native.steps_to_tokens`; elsewhere a gather (the same numbers).
 
     References:
       The broadcast shared by StepPO (arXiv 2604.18401), GiGPO (arXiv
@@ -133,7 +228,12 @@ def broadcast_to_tokens(step_values, step_index) -> jax.Array:
     Example: step_values [[1, 2]], step_index [[-1, 0, 0, -1, 1]] gives
     [[0, 1, 1, 0, 2]].
     """
-    fn = "broadcast_to_tokens"
+    step_values, step_index = _check_step_view("broadcast_to_tokens", step_values, step_index)
+    return _on_cpu_if_float32(_native_broadcast, _xla_broadcast, step_values, step_index,
+                              last_only=False)
+
+
+def _check_step_view(fn: str, step_values, step_index):
     step_values = _checks.float_array(fn, "step_values", step_values, rank=2)
     step_index = _checks.int_array(fn, "step_index", step_index, rank=2)
     if step_values.shape[0] != step_index.shape[0]:
@@ -143,5 +243,4 @@ def broadcast_to_tokens(step_values, step_index) -> jax.Array:
     if _checks.is_concrete(step_index) and step_index.size and int(step_index.max()) >= num_steps:
         raise ValueError(f"{fn}: step_index holds {int(step_index.max())} but step_values has only "
                          f"{num_steps} steps")
-    gathered = jnp.take_along_axis(step_values, jnp.clip(step_index, 0, num_steps - 1), axis=1)
-    return jnp.where(step_index >= 0, gathered, 0.0)
+    return step_values, step_index

@@ -17,7 +17,9 @@ and transposes; `group_normalize` is the group normalisation of `group._normaliz
 in four passes with per-group accumulators (`group_normalize.cc`), where XLA:CPU
 runs six scatters and six gathers. Both round every operation as the XLA
 computations they replace (a fused multiply-add where XLA:CPU fuses one, sums
-in element order), so they give the same float32 numbers.
+in element order), so they give the same float32 numbers. `steps_to_tokens` and `tokens_to_steps`
+(`tokens.cc`) move values between the step and the token view row by row, where
+XLA:CPU runs a gather and a scatter over every token.
 
 The C++ sources are compiled with the system compiler (`$CXX`, else `c++`) the
 first time a process uses it, against the XLA FFI headers that jaxlib ships,
@@ -51,15 +53,19 @@ from stepcredit.advantages import _checks
 
 _SOURCES = tuple(os.path.join(os.path.dirname(__file__), name)
                  for name in ("masked_gae.cc", "pair_ids.cc", "recurrence.cc",
-                              "group_normalize.cc"))
+                              "group_normalize.cc", "tokens.cc"))
 # FFI target name -> the handler symbol in the library.
 _TARGET = "stepcredit_masked_gae_f32"
 _PAIR_TARGET = "stepcredit_pair_ids_s32"
 _RECURRENCE_TARGET = "stepcredit_linear_recurrence_f32"
 _NORMALIZE_TARGET = "stepcredit_group_normalize_f32"
+_BROADCAST_TARGET = "stepcredit_steps_to_tokens_f32"
+_STEP_SUMS_TARGET = "stepcredit_tokens_to_steps_f32"
 _SYMBOLS = {_TARGET: "StepcreditMaskedGaeF32", _PAIR_TARGET: "StepcreditPairIdsS32",
             _RECURRENCE_TARGET: "StepcreditLinearRecurrenceF32",
-            _NORMALIZE_TARGET: "StepcreditGroupNormalizeF32"}
+            _NORMALIZE_TARGET: "StepcreditGroupNormalizeF32",
+            _BROADCAST_TARGET: "StepcreditStepsToTokensF32",
+            _STEP_SUMS_TARGET: "StepcreditTokensToStepsF32"}
 _FLAGS = ("-O3", "-march=native", "-std=c++17", "-shared", "-fPIC", "-w")
 
 
@@ -309,3 +315,45 @@ def group_normalize(values: jax.Array, ids: jax.Array, valid: jax.Array, *, num_
                eps=np.float32(eps), one_plus_eps=np.float32(1.0 + float(eps)),
                singleton_raw=singleton == "raw")
     return _vary_over(out, varying)
+
+
+def steps_to_tokens(step_values: jax.Array, step_index: jax.Array, *,
+                    last_only: bool = False) -> jax.Array:
+    """`[B, N]`: each token's step value, step_values[b, step_index[b, n]], 0 where the index is
+    negative (indices past T - 1 read step T - 1, as XLA's gather clamps them).
+
+    Args:
+      step_values: `[B, T]` float32.
+      step_index: `[B, N]` int32.
+      last_only: 0 also at every token but the last of its step (where the next token's
+        index differs, or the row ends): where a step's reward sits.
+
+    Raises:
+      NativeBuildError: the kernel could not be built.
+    """
+    _register()
+    varying, operands = _aligned(step_values, step_index.astype(jnp.int32))
+    call = jax.ffi.ffi_call(_BROADCAST_TARGET,
+                            jax.ShapeDtypeStruct(step_index.shape, jnp.float32),
+                            vmap_method="broadcast_all")
+    return _vary_over(call(*operands, last_only=bool(last_only)), varying)
+
+
+def tokens_to_steps(token_values: jax.Array, step_index: jax.Array, num_steps: int) -> jax.Array:
+    """`[B, T]`: each step's sum of its tokens' values, in token order (as XLA's scatter adds
+    them); tokens whose index lies outside [0, num_steps) are left out.
+
+    Args:
+      token_values: `[B, N]` float32.
+      step_index: `[B, N]` int32.
+      num_steps: static T.
+
+    Raises:
+      NativeBuildError: the kernel could not be built.
+    """
+    _register()
+    varying, operands = _aligned(token_values, step_index.astype(jnp.int32))
+    shape = token_values.shape[:-1] + (num_steps,)
+    call = jax.ffi.ffi_call(_STEP_SUMS_TARGET, jax.ShapeDtypeStruct(shape, jnp.float32),
+                            vmap_method="broadcast_all")
+    return _vary_over(call(*operands, num_steps=np.int64(num_steps)), varying)
