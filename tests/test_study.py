@@ -244,8 +244,12 @@ def test_workers_and_their_threads():
     assert sweep.default_workers(1, cores=8) == 1
     assert sweep.default_workers(0, cores=8) == 1
     env = sweep.worker_environment(1)
-    assert "--xla_cpu_multi_thread_eigen=false" in env["XLA_FLAGS"]
-    assert "intra_op_parallelism_threads=1" in env["XLA_FLAGS"] and env["OMP_NUM_THREADS"] == "1"
+    assert env["XLA_FLAGS"].split()[-1] == "--xla_cpu_multi_thread_eigen=false"
+    assert env["OMP_NUM_THREADS"] == "1"
+    assert all(f.startswith("--") for f in sweep.worker_environment(2)["XLA_FLAGS"].split())
+    assert sweep.worker_cores(2, 1, cores=[4, 5]) == [(4,), (5,)]
+    assert sweep.worker_cores(2, 2, cores=[0, 1, 2, 3]) == [(0, 1), (2, 3)]
+    assert sweep.worker_cores(3, 1, cores=[0, 1]) == [(0,), (1,), (0,)]  # oversubscribed
 
 
 def test_smoothed_is_a_trailing_mean():

@@ -1,8 +1,9 @@
 """Runs a study's grid in parallel worker processes, resumably.
 
 `sweep(study_path, out, workers=N)` starts one process per run
-(`stepcredit.study.worker`), at most `workers` at a time, each with
-`cores // workers` threads so that they do not oversubscribe the CPU. A run
+(`stepcredit.study.worker`), at most `workers` at a time, each pinned to
+`cores // workers` cores of its own (CPU affinity, which sizes XLA's thread
+pools) so that they do not oversubscribe the CPU. A run
 with a "done" record is skipped; a run interrupted earlier resumes from its
 checkpoints; a run whose process fails or is killed gets a "failed" record with
 the error, and the others go on (the next sweep retries it). One progress bar
@@ -22,7 +23,7 @@ import subprocess
 import sys
 import threading
 import time
-from typing import Callable
+from typing import Callable, Sequence
 
 from stepcredit.study.records import DONE, FAILED, read_record, run_dir, write_record
 from stepcredit.study.spec import Study, load_study
@@ -43,9 +44,7 @@ class SweepSummary:
 
 def available_cores() -> int:
     """The cores this process may run on (its affinity mask where the OS has one)."""
-    if hasattr(os, "sched_getaffinity"):
-        return len(os.sched_getaffinity(0))
-    return os.cpu_count() or 1
+    return len(_affinity())
 
 
 def default_workers(pending: int, cores: int | None = None) -> int:
@@ -54,18 +53,34 @@ def default_workers(pending: int, cores: int | None = None) -> int:
 
 
 def worker_environment(threads: int) -> dict[str, str]:
-    """The environment of a worker process limited to `threads` CPU threads (XLA's
-    intra-op pool, Eigen's, OpenMP's and BLAS's)."""
+    """The environment of a worker process meant to run `threads` CPU threads: OpenMP's
+    and BLAS's pools sized to it, and XLA's Eigen pool off for one thread. (XLA sizes its
+    own pools by the CPU affinity that `worker_cores` sets.)"""
     env = dict(os.environ)
     flags = [f for f in env.get("XLA_FLAGS", "").split()
-             if not f.startswith(("--xla_cpu_multi_thread_eigen", "intra_op_parallelism_threads"))]
+             if not f.startswith("--xla_cpu_multi_thread_eigen")]
     if threads == 1:
         flags.append("--xla_cpu_multi_thread_eigen=false")
-    flags.append(f"intra_op_parallelism_threads={threads}")
     env["XLA_FLAGS"] = " ".join(flags)
     for name in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
         env[name] = str(threads)
     return env
+
+
+def worker_cores(slots: int, threads: int, cores: Sequence[int] | None = None
+                 ) -> list[tuple[int, ...]]:
+    """The cores of each worker slot: `threads` consecutive ones of the available cores,
+    slot after slot (wrapping round where slots x threads exceeds them), so that two workers
+    share a core only when asked to oversubscribe."""
+    cores = sorted(cores if cores is not None else _affinity())
+    return [tuple(cores[(slot * threads + i) % len(cores)] for i in range(threads))
+            for slot in range(slots)]
+
+
+def _affinity() -> set[int]:
+    if hasattr(os, "sched_getaffinity"):
+        return os.sched_getaffinity(0)
+    return set(range(os.cpu_count() or 1))
 
 
 def claim_output(study: Study, out: str) -> None:
@@ -164,12 +179,13 @@ def _sweep(study: Study, out: str, *, workers, threads, progress, note) -> Sweep
         raise ValueError(f"--workers {workers}: it must be >= 1")
     threads = threads or max(1, available_cores() // workers)
     env = worker_environment(threads)
+    free_slots = list(enumerate(worker_cores(workers, threads)))
     note(f"{study.name}: {len(every)} jobs, {len(skipped)} already done, {len(queue)} to run "
          f"with {workers} worker(s) x {threads} thread(s); logs in {os.path.join(out, 'runs')}")
     bar = tqdm(total=sum(j.iterations for j in every), desc=f"sweep {study.name}", unit="it",
                disable=not progress, dynamic_ncols=True, file=sys.stderr)
     bar.update(sum(j.iterations for j in every if j.job_id in skipped))
-    running: dict[str, tuple[Job, subprocess.Popen]] = {}
+    running: dict[str, tuple[Job, subprocess.Popen, tuple[int, tuple[int, ...]]]] = {}
     counted: dict[str, int] = {}
     finished: list[str] = []
     failed: list[str] = []
@@ -177,10 +193,10 @@ def _sweep(study: Study, out: str, *, workers, threads, progress, note) -> Sweep
     try:
         while queue or running:
             while queue and len(running) < workers:
-                job = queue.pop(0)
-                running[job.job_id] = (job, _start(job, out, env))
+                job, slot = queue.pop(0), free_slots.pop(0)
+                running[job.job_id] = (job, _start(job, out, env, slot[1]), slot)
             time.sleep(_POLL_SECONDS)
-            for job_id, (job, process) in list(running.items()):
+            for job_id, (job, process, slot) in list(running.items()):
                 code = process.poll()
                 done_now = job.iterations if code is not None else _iterations_done(out, job)
                 bar.update(done_now - counted.get(job_id, 0))
@@ -188,6 +204,7 @@ def _sweep(study: Study, out: str, *, workers, threads, progress, note) -> Sweep
                 if code is None:
                     continue
                 del running[job_id]
+                free_slots.append(slot)
                 record = read_record(out, job_id)
                 if code == 0 and record and record["status"] == DONE:
                     finished.append(job_id)
@@ -207,9 +224,9 @@ def _sweep(study: Study, out: str, *, workers, threads, progress, note) -> Sweep
                 bar.set_postfix_str(now)
                 status = now
     except BaseException:
-        for _, process in running.values():
+        for _, process, _ in running.values():
             process.terminate()
-        for _, process in running.values():
+        for _, process, _ in running.values():
             process.wait()
         raise
     finally:
@@ -248,13 +265,15 @@ def _terminate_as_exit():
         signal.signal(signal.SIGTERM, previous)
 
 
-def _start(job: Job, out: str, env: dict[str, str]) -> subprocess.Popen:
-    """The run's worker process, reading the study from `<out>/study.toml` (the copy
-    that `claim_output` checked) so that an edit to the original mid-sweep changes nothing."""
+def _start(job: Job, out: str, env: dict[str, str], cores: tuple[int, ...]) -> subprocess.Popen:
+    """The job's worker process on `cores`, reading the study from `<out>/study.toml` (the
+    copy that `claim_output` checked) so that an edit to the original mid-sweep changes
+    nothing."""
     directory = run_dir(out, job.job_id)
     os.makedirs(directory, exist_ok=True)
     with open(os.path.join(directory, "log.txt"), "a", encoding="utf-8") as log:
         return subprocess.Popen(
             [sys.executable, "-m", "stepcredit.study.worker",
-             os.path.join(os.path.abspath(out), "study.toml"), job.job_id, os.path.abspath(out)],
+             os.path.join(os.path.abspath(out), "study.toml"), job.job_id, os.path.abspath(out),
+             ",".join(map(str, cores))],
             stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env)

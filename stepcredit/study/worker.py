@@ -1,4 +1,4 @@
-"""One job of a sweep, in its own process: `python -m stepcredit.study.worker STUDY JOB OUT`.
+"""One job of a sweep, in its own process: `python -m stepcredit.study.worker STUDY JOB OUT CORES`.
 
 A job is one training run of the study (JOB is its run id) or, for a study with a
 [diagnose] table, its diagnosis (JOB is `diagnose`), written to `<OUT>/diagnose/`.
@@ -96,7 +96,11 @@ def exit_with_parent(poll_seconds: float = 1.0) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    study_path, job, out = argv if argv is not None else sys.argv[1:]
+    """`STUDY JOB OUT [CORES]`: CORES (comma-separated) is the CPU affinity to run with,
+    set before JAX starts its thread pools, which it sizes by the affinity."""
+    study_path, job, out, *cores = argv if argv is not None else sys.argv[1:]
+    if cores and hasattr(os, "sched_setaffinity"):
+        os.sched_setaffinity(0, {int(c) for c in cores[0].split(",")})
     exit_with_parent()
     study = load_study(study_path)
     log = functools.partial(print, flush=True)
