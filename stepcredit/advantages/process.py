@@ -20,6 +20,7 @@ import jax.numpy as jnp
 
 from stepcredit.advantages import _checks
 from stepcredit.advantages import group as group_lib
+from stepcredit.advantages.recurrence import reverse_linear_recurrence
 
 NORMALIZATIONS = ("rloo", "grpo")
 BASELINES = ("all", "first")
@@ -292,5 +293,8 @@ def prime_advantages(token_rewards, outcome_scores, action_mask, group_ids, *,
     combined = (reward_dpo_coef * process
                 + reward_gt_coef * jnp.where(positions == last[:, None], outcome, 0.0))
     combined = jnp.where(action_mask, combined, 0.0)
-    returns = jnp.cumsum(combined[:, ::-1], axis=1)[:, ::-1]
+    # G_n = x_n + G_{n+1}: the reverse cumulative sum as a linear recurrence, which CPU
+    # runs as the compiled kernel (XLA:CPU runs a cumulative sum as a slow reduce-window).
+    returns = reverse_linear_recurrence(combined, jnp.ones_like(combined),
+                                        jnp.zeros_like(combined[:, 0]))
     return jnp.where(action_mask, returns, 0.0)
