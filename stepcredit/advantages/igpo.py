@@ -73,7 +73,7 @@ def information_gain(answer_logp, mask, *, gain: str = "probability") -> jax.Arr
     belief = jnp.where(mask, answer_logp, 0.0)
     if gain == "probability":
         belief = jnp.exp(belief)
-    ahead = _next_valid(belief, mask, jnp.zeros(mask.shape[:1], belief.dtype), "sequential")
+    ahead = _next_valid(belief, mask, jnp.zeros(mask.shape[:1], belief.dtype), "auto")
     return jnp.where(mask & ~final_turns(mask), ahead - belief, 0.0)
 
 
