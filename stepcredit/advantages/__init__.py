@@ -40,7 +40,7 @@ from stepcredit.advantages.process import (
     prime_advantages,
     prime_token_rewards,
 )
-from stepcredit.advantages.recurrence import reverse_linear_recurrence
+from stepcredit.advantages.recurrence import recurrence_method, reverse_linear_recurrence
 from stepcredit.advantages.spa import progress_loss, spa, spa_step_rewards
 from stepcredit.advantages.inputs import CreditInputs
 from stepcredit.advantages.registry import (
@@ -102,6 +102,7 @@ __all__ = [
     "prime_token_rewards",
     "progress_loss",
     "Recipe",
+    "recurrence_method",
     "register",
     "reinforce_pp",
     "reinforce_pp_baseline",
