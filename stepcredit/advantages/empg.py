@@ -137,7 +137,8 @@ def empg(advantages, entropy, mask, *, k: float = 1.0, k_future: float = 1.0, ze
                          f"steps) or False")
     advantages, entropy, mask = _check_inputs(fn, advantages, entropy, mask)
     dtype = jnp.result_type(advantages.dtype, entropy.dtype)
-    count = jnp.maximum(_batch_sum(mask.astype(dtype), axis_name), 1.0)
+    # An integer count: XLA:CPU would first write the mask out as floats to sum them.
+    count = jnp.maximum(_batch_sum(mask.astype(jnp.int32), axis_name).astype(dtype), 1.0)
 
     low, high = _batch_min_max(entropy, mask, axis_name)
     normalised = jnp.where(mask, (entropy - low) / (high - low + eps), 0.0).astype(dtype)
