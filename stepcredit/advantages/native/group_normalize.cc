@@ -200,6 +200,123 @@ void Sums(const float* v, const uint8_t* valid, const int32_t* id, const int64_t
       [&](const Sum& state, int32_t g) { at(g).squares = state.sum; });
 }
 
+// Column k of the 8 x 8 tile whose rows are r[0..7]: the tile transposed.
+inline void Transpose(f32x8 r[kLanes]) {
+#if defined(__clang__) || __GNUC__ >= 12
+  f32x8 t[kLanes], u[kLanes];
+  for (int j = 0; j < 4; ++j) {
+    t[2 * j] = __builtin_shufflevector(r[2 * j], r[2 * j + 1], 0, 8, 1, 9, 4, 12, 5, 13);
+    t[2 * j + 1] = __builtin_shufflevector(r[2 * j], r[2 * j + 1], 2, 10, 3, 11, 6, 14, 7, 15);
+  }
+  for (int j = 0; j < 2; ++j) {
+    for (int h = 0; h < 2; ++h) {
+      const f32x8 a = t[4 * j + h], b = t[4 * j + h + 2];
+      u[4 * j + 2 * h] = __builtin_shufflevector(a, b, 0, 1, 8, 9, 4, 5, 12, 13);
+      u[4 * j + 2 * h + 1] = __builtin_shufflevector(a, b, 2, 3, 10, 11, 6, 7, 14, 15);
+    }
+  }
+  for (int k = 0; k < 4; ++k) {
+    r[k] = __builtin_shufflevector(u[k], u[k + 4], 0, 1, 2, 3, 8, 9, 10, 11);
+    r[k + 4] = __builtin_shufflevector(u[k], u[k + 4], 4, 5, 6, 7, 12, 13, 14, 15);
+  }
+#else
+  f32x8 c[kLanes];
+  for (int k = 0; k < kLanes; ++k) {
+    for (int j = 0; j < kLanes; ++j) c[k][j] = r[j][k];
+  }
+  for (int k = 0; k < kLanes; ++k) r[k] = c[k];
+#endif
+}
+
+// One pass of in-order sums over the runs of kChunks = 8 chunks (chunk c holds
+// runs [first[c], first[c + 1])), the chunks as the lanes of a vector: while
+// every chunk's current run has 8 elements left, the 8 x 8 tile of their
+// contributions row(c, i) is transposed and its columns added in order, so each
+// lane still adds its elements one after the other. begin(c, g) gives a run's
+// starting sum (and sets lane c's parameters), end(g, sum) stores it; one(c, i)
+// is the contribution of a single element.
+template <typename Begin, typename Row, typename One, typename End>
+void TiledPass(const Run* runs, const int64_t* first, Begin begin, Row row, One one, End end) {
+  static_assert(kChunks == kLanes, "one lane per chunk");
+  int64_t r[kLanes], p[kLanes];
+  f32x8 acc;
+  for (int64_t c = 0; c < kLanes; ++c) {
+    r[c] = first[c];
+    p[c] = runs[r[c]].begin;
+    acc[c] = begin(c, runs[r[c]].slot);
+  }
+  bool running = true;
+  while (running) {
+    int64_t left = runs[r[0]].end - p[0];
+    for (int64_t c = 1; c < kLanes; ++c) left = std::min(left, runs[r[c]].end - p[c]);
+    for (; left >= kLanes; left -= kLanes) {
+      f32x8 tile[kLanes];
+      for (int64_t c = 0; c < kLanes; ++c) {
+        tile[c] = row(c, p[c]);
+        p[c] += kLanes;
+      }
+      Transpose(tile);
+      for (int64_t k = 0; k < kLanes; ++k) acc += tile[k];
+    }
+    for (; left > 0; --left) {
+      for (int64_t c = 0; c < kLanes; ++c) acc[c] += one(c, p[c]++);
+    }
+    for (int64_t c = 0; c < kLanes; ++c) {
+      if (p[c] != runs[r[c]].end) continue;
+      end(runs[r[c]].slot, acc[c]);
+      if (++r[c] == first[c + 1]) {
+        running = false;
+      } else {
+        p[c] = runs[r[c]].begin;
+        acc[c] = begin(c, runs[r[c]].slot);
+      }
+    }
+  }
+  for (int64_t c = 0; c < kLanes; ++c) {  // the chunks still running, in order
+    while (r[c] < first[c + 1]) {
+      float sum = acc[c];
+      for (; p[c] < runs[r[c]].end; ++p[c]) sum += one(c, p[c]);
+      end(runs[r[c]].slot, sum);
+      if (++r[c] < first[c + 1]) {
+        p[c] = runs[r[c]].begin;
+        acc[c] = begin(c, runs[r[c]].slot);
+      }
+    }
+  }
+}
+
+// `Sums` for long runs in kChunks chunks of runs, by `TiledPass`.
+void TiledSums(const float* v, const uint8_t* valid, const Run* runs, const int64_t* first,
+               const std::vector<int32_t>& touched, Group* groups) {
+  float scale[kLanes], mean[kLanes];
+  TiledPass(
+      runs, first,
+      [&](int64_t c, int32_t g) {
+        scale[c] = groups[g].scale;
+        return groups[g].total;
+      },
+      [&](int64_t c, int64_t i) { return Keep(LoadMask(valid + i), Load(v + i) * scale[c]); },
+      [&](int64_t c, int64_t i) { return Keep(valid[i], v[i] * scale[c]); },
+      [&](int32_t g, float sum) { groups[g].total = sum; });
+  for (int32_t g : touched) groups[g].total = groups[g].total / std::max(groups[g].count, 1.0f);
+  TiledPass(
+      runs, first,
+      [&](int64_t c, int32_t g) {
+        scale[c] = groups[g].scale;
+        mean[c] = groups[g].total;
+        return groups[g].squares;
+      },
+      [&](int64_t c, int64_t i) {
+        const f32x8 deviation = Keep(LoadMask(valid + i), Load(v + i) * scale[c] - mean[c]);
+        return deviation * deviation;
+      },
+      [&](int64_t c, int64_t i) {
+        const float deviation = Keep(valid[i], v[i] * scale[c] - mean[c]);
+        return deviation * deviation;
+      },
+      [&](int32_t g, float sum) { groups[g].squares = sum; });
+}
+
 // `Sums` for ids that change at nearly every element: each element adds into its
 // group in memory; the chunks' chains are still independent.
 template <int64_t Chunks, typename At>
@@ -334,7 +451,12 @@ void Normalize(const float* v, const int32_t* id, const uint8_t* valid, int64_t 
   auto at = [&](int32_t g) -> Group& { return groups[slot_of(g)]; };
   const int64_t whole[2] = {0, n};
   if (long_runs && chunked) {
-    Sums<kChunks>(v, valid, id, start, at, touched, groups.data());
+    int64_t first[kChunks + 1];  // each chunk's first run
+    for (int64_t c = 0, r = 0; c <= kChunks; ++c) {
+      while (r < static_cast<int64_t>(runs.size()) && runs[r].begin < start[c]) ++r;
+      first[c] = r;
+    }
+    TiledSums(v, valid, runs.data(), first, touched, groups.data());
   } else if (long_runs) {
     Sums<1>(v, valid, id, whole, at, touched, groups.data());
   } else if (chunked) {
