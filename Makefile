@@ -1,5 +1,6 @@
 # Two entry points on a fresh machine with python3 and make:
-#   make run   - create .venv, install stepcredit, run the main job on the embedded default
+#   make run   - create .venv, install stepcredit, run the main job (stepcredit reproduce
+#                --preset quick: the diagnosis and a small training comparison, ~15 minutes)
 #   make test  - create .venv, install stepcredit with its test, textworld and torch extras,
 #                run the test suite
 
@@ -24,7 +25,7 @@ $(VENV)/.installed-test: pyproject.toml | $(BIN)/python
 	touch $@
 
 run: $(VENV)/.installed-run
-	$(BIN)/stepcredit demo
+	$(BIN)/stepcredit reproduce --preset quick
 
 # The suite runs in two processes: in one process, after compiling every other test's
 # executables, jaxlib 0.10.2 crashed (SIGSEGV / abort) while writing a trainer test's

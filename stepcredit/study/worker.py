@@ -4,8 +4,8 @@ A job is one training run of the study (JOB is its run id) or, for a study with 
 [diagnose] table, its diagnosis (JOB is `diagnose`), written to `<OUT>/diagnose/`.
 
 The sweep starts one such process per run, so a crash (a signal, an out-of-memory
-kill) ends that run only, and each process's thread count is set before JAX
-starts. The run trains in `<OUT>/runs/<RUN>/`, continuing from its newest
+kill) ends that run only, and each process is pinned to its cores (CORES) before
+JAX starts its thread pools. The run trains in `<OUT>/runs/<RUN>/`, continuing from its newest
 checkpoint when a checkpointed run is already there, then evaluates its final
 policy greedily on each test split and writes `<OUT>/records/<RUN>.json`.
 """
@@ -28,7 +28,8 @@ DIAGNOSIS = "diagnose"
 
 def train_run(run: Run, out: str, *, log=print) -> dict:
     """Trains `run` in `<out>/runs/<run_id>/` (resuming its checkpoint) and returns its
-    "done" record: final evaluation per split, last training batch, wall time."""
+    "done" record: final evaluation per split, last training batch, and the wall time of
+    this invocation (a resumed run's earlier time is not in it)."""
     from stepcredit.train.build import make_env, with_fitted_prompt_budget
     from stepcredit.train.evaluate import evaluate, test_split
     from stepcredit.train.metrics import read_metrics
@@ -39,7 +40,11 @@ def train_run(run: Run, out: str, *, log=print) -> dict:
     config = dataclasses.replace(run.config, logdir=logdir)
     if run.fit_prompt_budget:
         config = with_fitted_prompt_budget(config)
-    resume = os.path.exists(os.path.join(logdir, "config.json"))
+    # A run directory without checkpoints (a copy that kept only metrics and config.json)
+    # starts over: there is nothing to resume from.
+    checkpoints = os.path.join(logdir, "checkpoints")
+    resume = (os.path.exists(os.path.join(logdir, "config.json"))
+              and os.path.isdir(checkpoints) and bool(os.listdir(checkpoints)))
     trainer = Trainer(config, log=log)
     trainer.run(resume=resume, overwrite=not resume)
     splits = run.eval_splits
