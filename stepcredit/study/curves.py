@@ -12,6 +12,7 @@ import os
 
 import numpy as np
 
+from stepcredit.data.write import atomic_path
 from stepcredit.study.records import run_dir
 from stepcredit.study.spec import load_study
 
@@ -81,8 +82,7 @@ def plot_curves(out: str, path: str | None = None, *, metric: str = "rollout/suc
         axis.set_ylabel(f"{metric}, {window}-iteration mean")
         axis.legend(fontsize=7, title="method (seeds)", title_fontsize=7)
     figure.tight_layout()
-    tmp = path + ".tmp.png"
-    figure.savefig(tmp, dpi=110)
+    with atomic_path(path) as temporary:
+        figure.savefig(temporary, format="png", dpi=110)
     plt.close(figure)
-    os.replace(tmp, path)
     return path

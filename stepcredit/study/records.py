@@ -14,6 +14,8 @@ import math
 import os
 from typing import Any
 
+from stepcredit.data.write import atomic_path
+
 DONE, FAILED = "done", "failed"
 
 
@@ -29,12 +31,8 @@ def write_record(out: str | os.PathLike, record: dict[str, Any]) -> str:
     """Writes `record` (it names its `run`) atomically; returns the path."""
     path = record_path(out, record["run"])
     os.makedirs(os.path.dirname(path), exist_ok=True)
-    tmp = f"{path}.tmp{os.getpid()}"
-    with open(tmp, "w", encoding="utf-8") as f:
+    with atomic_path(path) as temporary, open(temporary, "w", encoding="utf-8") as f:
         json.dump(_finite(record), f, indent=1, sort_keys=True, allow_nan=False)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
     return path
 
 

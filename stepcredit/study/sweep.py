@@ -25,6 +25,7 @@ import threading
 import time
 from typing import Callable, Sequence
 
+from stepcredit.data.write import atomic_path
 from stepcredit.study.records import DONE, FAILED, read_record, run_dir, write_record
 from stepcredit.study.spec import Study, load_study
 from stepcredit.study.worker import DIAGNOSIS, failed_record
@@ -98,10 +99,9 @@ def claim_output(study: Study, out: str) -> None:
                              "another directory")
         return
     for name, text in (("study.toml", study.source), ("study.json", json.dumps(identity))):
-        tmp = os.path.join(out, name + ".tmp")
-        with open(tmp, "w", encoding="utf-8") as f:
+        with atomic_path(os.path.join(out, name)) as temporary, \
+                open(temporary, "w", encoding="utf-8") as f:
             f.write(text)
-        os.replace(tmp, os.path.join(out, name))
 
 
 @dataclasses.dataclass(frozen=True)

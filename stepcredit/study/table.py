@@ -24,6 +24,7 @@ import math
 import os
 from typing import Any, Sequence
 
+from stepcredit.data.write import atomic_path
 from stepcredit.study.published import SOURCES, published
 from stepcredit.study.records import DONE, load_records
 from stepcredit.study.spec import Study, load_study
@@ -77,20 +78,6 @@ def separated_best(summaries: dict[str, Summary]) -> str | None:
     if not summaries[best].has_interval or not all(s.has_interval for s in others):
         return None
     return best if all(summaries[best].low > s.high for s in others) else None
-
-
-@dataclasses.dataclass(frozen=True)
-class Column:
-    """One (environment, test split) column of the table."""
-
-    env: str
-    simulator: str
-    split: str
-    single_split: bool
-
-    @property
-    def title(self) -> str:
-        return self.env if self.single_split else f"{self.env} ({self.split})"
 
 
 def _splits(study: Study, env: str, records: Sequence[dict]) -> list[str]:
@@ -154,7 +141,7 @@ def build_table(out: str) -> dict[str, Any]:
             best = separated_best({r["method"]: r["success"] for r in rows if r["success"]})
             for row in rows:
                 row["best"] = row["method"] == best
-            columns.append({"title": Column(env, simulator, split, len(splits) == 1).title,
+            columns.append({"title": env if len(splits) == 1 else f"{env} ({split})",
                             "env": env, "simulator": simulator, "split": split, "rows": rows})
     return {"study": study.name, "description": study.description, "columns": columns,
             "failed": {r["run"]: r["error"] for r in records if r["status"] != DONE},
@@ -257,16 +244,11 @@ def write_table(out: str, *, directory: str | None = None) -> dict[str, str]:
     os.makedirs(directory, exist_ok=True)
     paths = {"md": os.path.join(directory, "table.md"), "csv": os.path.join(directory, "table.csv")}
     rows = csv_rows(table)
-    _write_whole(paths["md"], markdown(table))
-    with open(paths["csv"] + ".tmp", "w", newline="", encoding="utf-8") as f:
+    with atomic_path(paths["md"]) as temporary, open(temporary, "w", encoding="utf-8") as f:
+        f.write(markdown(table))
+    with atomic_path(paths["csv"]) as temporary, \
+            open(temporary, "w", newline="", encoding="utf-8") as f:
         writer = csv.DictWriter(f, fieldnames=list(rows[0]) if rows else ["study"])
         writer.writeheader()
         writer.writerows(rows)
-    os.replace(paths["csv"] + ".tmp", paths["csv"])
     return paths
-
-
-def _write_whole(path: str, text: str) -> None:
-    with open(path + ".tmp", "w", encoding="utf-8") as f:
-        f.write(text)
-    os.replace(path + ".tmp", path)
