@@ -35,13 +35,14 @@ estimator = "grpo"
 estimator = "rloo"
 [methods.StepPO]
 estimator = "step_gae"
-iterations = 20  # still training when the sweep is killed after its first checkpoint
+iterations = 60  # still training when the sweep is killed after its first checkpoint
 """
 RUNS = ("hotpotqa-GRPO-s0", "hotpotqa-RLOO-s0", "hotpotqa-StepPO-s0")
 
 
-def _worker_pids(run_id):
-    """Process ids of the worker processes training `run_id` (from /proc's command lines)."""
+def _worker_pids(run_id, out):
+    """Process ids of the worker processes training `run_id` into `out` (from /proc's
+    command lines; another test's sweep may train a run of the same name at once)."""
     pids = []
     for pid in filter(str.isdigit, os.listdir("/proc")):
         try:
@@ -49,7 +50,8 @@ def _worker_pids(run_id):
                 argv = f.read().split(b"\0")
         except OSError:
             continue
-        if b"stepcredit.study.worker" in argv and run_id.encode() in argv:
+        if (b"stepcredit.study.worker" in argv and run_id.encode() in argv
+                and os.path.abspath(out).encode() in argv):
             pids.append(int(pid))
     return pids
 
@@ -79,8 +81,8 @@ def test_a_killed_worker_fails_its_run_and_a_killed_sweep_is_finished_by_the_nex
         start_new_session=True)
     try:
         # The first run's worker dies by SIGKILL as soon as it runs; the second goes on.
-        _wait_for(lambda: _worker_pids(first), "the first run's worker")
-        for pid in _worker_pids(first):
+        _wait_for(lambda: _worker_pids(first, out), "the first run's worker")
+        for pid in _worker_pids(first, out):
             os.kill(pid, signal.SIGKILL)
         _wait_for(lambda: _record(out, first).get("status") == records.FAILED,
                   "the killed run's failed record")
@@ -107,7 +109,7 @@ def test_a_killed_worker_fails_its_run_and_a_killed_sweep_is_finished_by_the_nex
     assert sorted(summary.finished) == sorted([first, third]) and not summary.failed
     assert open(records.record_path(out, second)).read() == finished  # not redone
     assert _record(out, third)["resumed"] and not _record(out, first)["resumed"]
-    for run_id, iterations in zip(RUNS, (3, 3, 20)):
+    for run_id, iterations in zip(RUNS, (3, 3, 60)):
         record = _record(out, run_id)
         assert record["status"] == records.DONE and record["iterations"] == iterations
         metrics = [json.loads(line)["iteration"]
