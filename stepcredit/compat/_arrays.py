@@ -72,14 +72,23 @@ def dense(uids: Any, name: str, size: int) -> np.ndarray:
     return dense_ids(values, order="first")[0]
 
 
-def token_rows(token_level_rewards, response_mask, fn: str):
-    """Checked `(bs, response_length)` float32 rewards and bool mask."""
+def token_rows(token_level_rewards, response_mask, fn: str, *, name: str = "token_level_rewards"):
+    """Checked `(bs, response_length)` float32 values (named `name` in errors) and bool mask."""
     rewards = to_jax(token_level_rewards)
     mask = to_jax(response_mask)
     if rewards.ndim != 2 or rewards.shape != mask.shape:
-        raise ValueError(f"{fn}: token_level_rewards has shape {tuple(rewards.shape)} and "
+        raise ValueError(f"{fn}: {name} has shape {tuple(rewards.shape)} and "
                          f"response_mask {tuple(mask.shape)}; both must be (bs, response_length)")
     return rewards.astype(jnp.float32), mask.astype(bool)
+
+
+def mask_rows(response_mask, fn: str) -> jnp.ndarray:
+    """A checked `(bs, response_length)` bool mask."""
+    mask = to_jax(response_mask)
+    if mask.ndim != 2:
+        raise ValueError(f"{fn}: response_mask has shape {tuple(mask.shape)}; it must be "
+                         f"(bs, response_length)")
+    return mask.astype(bool)
 
 
 def token_matrix(x, name: str, shape, fn: str) -> jnp.ndarray:
@@ -125,6 +134,22 @@ def first_rows(ids: np.ndarray) -> np.ndarray:
     return first
 
 
+def step_indices(values, name: str, size: int, fn: str) -> np.ndarray:
+    """`[bs]` int64 steps of the rows, checked: one per row, whole numbers (1.0 passes, 1.5 does not)."""
+    raw = host(values).reshape(-1)
+    if raw.shape[0] != size:
+        raise ValueError(f"{fn}: {name} has {raw.shape[0]} entries for {size} rows")
+    try:
+        numbers = raw.astype(np.float64)
+    except (TypeError, ValueError):
+        raise TypeError(f"{fn}: {name} holds non-numeric values such as {raw[0]!r}") from None
+    whole = np.isfinite(numbers) & (numbers == np.round(numbers))
+    if not whole.all():
+        row = int(np.flatnonzero(~whole)[0])
+        raise ValueError(f"{fn}: {name} holds {float(numbers[row])!r} at row {row}; steps are whole numbers")
+    return numbers.astype(np.int64)
+
+
 class StepLayout:
     """Step rows -> `[num_trajectories, T]` step arrays, and back.
 
@@ -140,9 +165,7 @@ class StepLayout:
         if step_index is None:
             self.step = _order_in_batch(self.traj)
         else:
-            self.step = host(step_index).reshape(-1).astype(np.int64)
-            if self.step.shape[0] != size:
-                raise ValueError(f"{fn}: {step_name} has {self.step.shape[0]} entries for {size} rows")
+            self.step = step_indices(step_index, step_name, size, fn)
         self.count = int(self.traj.max(initial=-1)) + 1
         self.length = int(self.step.max(initial=-1)) + 1
         if size and self.step.min() < 0:

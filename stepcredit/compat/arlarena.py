@@ -32,6 +32,7 @@ from stepcredit.compat._arrays import (
     normalize_by_members,
     read,
     row_sums,
+    step_indices,
     token_matrix,
     token_rows,
     trajectory_pairs,
@@ -72,10 +73,11 @@ def compute_grpo_outcome_advantage(token_level_rewards, response_mask, index, tr
     return out, out
 
 
-def _steps(batch, size: int, fn: str) -> np.ndarray:
+def _steps(batch, size: int, fn: str) -> tuple[np.ndarray, str]:
+    """Each row's step, and where it was read (named in StepLayout's errors)."""
     given = read(batch, "step_indices", fn, required=False)
     if given is not None:
-        return host(given).reshape(-1).astype(np.int64)
+        return step_indices(given, "step_indices", size, fn), "step_indices"
     prompts = read(batch, "raw_prompt", fn, required=False)
     if prompts is None:
         raise KeyError(f"{fn}: the batch has neither 'step_indices' nor 'raw_prompt' (ARLArena reads "
@@ -84,7 +86,7 @@ def _steps(batch, size: int, fn: str) -> np.ndarray:
     for row, messages in enumerate(host(prompts).reshape(-1)):
         found = _STEP_IN_PROMPT.search(str(messages[0]["content"]))
         steps[row] = int(found.group(1)) if found else 0
-    return steps
+    return steps, "the step read from raw_prompt ('you have already taken N step(s)'; 0 where absent)"
 
 
 def compute_EMPG_advantage(batch, k=1.0, k_f=1.0, zeta=0.05):  # noqa: N802 (ARLArena's name)
@@ -114,13 +116,13 @@ def compute_EMPG_advantage(batch, k=1.0, k_f=1.0, zeta=0.05):  # noqa: N802 (ARL
     """
     fn = "compute_EMPG_advantage"
     advantages = read(batch, "advantages", fn)
-    values, mask = token_rows(advantages, read(batch, "response_mask", fn), fn)
+    values, mask = token_rows(advantages, read(batch, "response_mask", fn), fn, name="advantages")
     size = values.shape[0]
     entropy = token_matrix(read(batch, "old_entropy", fn), "old_entropy", values.shape, fn)
     step_entropy = (jnp.sum(jnp.where(mask, entropy, 0.0), axis=1)
                     / jnp.maximum(jnp.sum(mask, axis=1), 1))
-    layout = StepLayout(read(batch, "traj_uid", fn), _steps(batch, size, fn), size, fn,
-                        traj_name="traj_uid", step_name="the step index")
+    steps, source = _steps(batch, size, fn)
+    layout = StepLayout(read(batch, "traj_uid", fn), steps, size, fn, traj_name="traj_uid", step_name=source)
     first_token = jnp.argmax(mask, axis=1)
     base = values[jnp.arange(size), first_token]
     inputs = CreditInputs(base_advantages=layout.steps(base), entropy=layout.steps(step_entropy),

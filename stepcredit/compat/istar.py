@@ -43,6 +43,7 @@ from stepcredit.compat._arrays import (
     normalize_by_members,
     read,
     row_sums,
+    step_indices,
     token_matrix,
     token_rows,
     trajectory_members,
@@ -74,9 +75,13 @@ class _Rows:
                 raise KeyError(f"{fn}: step_baseline={step_baseline!r} needs each row's step in "
                                f"non_tensor_batch[{step_key!r}]; pass step_key=, or "
                                f"step_baseline='batch_order' for iStar's batch-order rule")
-            steps = host(steps).reshape(-1)
-            starts = np.flatnonzero(steps == 0)
+            starts = np.flatnonzero(step_indices(steps, step_key, size, fn) == 0)
             pairs = trajectory_pairs(self.groups, traj)
+            repeated = np.flatnonzero(np.bincount(pairs[starts]) > 1)
+            if repeated.size:
+                row = int(starts[pairs[starts] == repeated[0]][0])
+                raise ValueError(f"{fn}: traj_uid {host(read(data, 'traj_uid', fn))[row]!r} has {step_key} 0 "
+                                 f"on two rows; each trajectory has one step-0 row")
             self.members = np.full(int(pairs.max(initial=-1)) + 1, -1)
             self.members[pairs[starts]] = starts
             if (self.members < 0).any():

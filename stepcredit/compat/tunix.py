@@ -20,7 +20,8 @@ Each step's reward (tunix's `Step.reward`) is placed on the last token of its
 turn (on the token before it when the turn generated no token; on the last
 completion token when the turn was cut off); the state a step acted in (GiGPO's
 anchor) is the episode's first observation for step 0 and the previous step's
-`Step.observation` after it.
+`Step.observation` after it; steps with no environment reply between them form
+one turn of the mask, anchored at the state of its first step.
 
 References: tunix `rl/algo_core.py`, `rl/agentic/agentic_grpo_learner.py`.
 """
@@ -110,14 +111,20 @@ def turn_inputs(records: Sequence[Mapping[str, Any]], completion_mask) -> dict[s
     anchors = np.empty(size, dtype=object)
     turns = Turns(mask)
     for row, record in enumerate(records):
-        start, states = 0, []
+        start, states, separated = 0, [], True
         for reward, generated, replied, state in zip(record["step_rewards"],
                                                      record["step_assistant_lens"],
                                                      record["step_env_lens"], record["step_states"]):
             last = start + generated - 1 if generated else start - 1
             rewards[row, min(max(last, 0), length - 1)] += reward
-            if generated and start < length:
+            # A step whose tokens follow the previous step's with no reply between them continues
+            # that turn of the mask: the turn's anchor stays the state its first step acted in.
+            if generated and start < length and separated:
                 states.append(state)
+            if generated:
+                separated = bool(replied)
+            elif replied:
+                separated = True
             start += generated + replied
         anchors[row] = states[:turns.count[row]]
     return {"token_level_rewards": rewards, "anchor_obs": anchors}

@@ -35,6 +35,7 @@ References: verl 0.9.1 `verl/trainer/ppo/core_algos.py` and
 from __future__ import annotations
 
 import importlib.metadata
+import re
 from typing import Any, Mapping, Sequence
 
 from stepcredit.advantages import normalize, registry
@@ -162,7 +163,10 @@ def observation_span_rule() -> str:
         version = importlib.metadata.version("verl")
     except importlib.metadata.PackageNotFoundError:
         return "carry"
-    major, minor = (int(part) for part in (version.split(".") + ["0"])[:2])
+    release = re.match(r"(\d+)(?:\.(\d+))?", version)  # "0.9rc1" and "0.10.dev0" are releases 0.9, 0.10
+    if release is None:
+        raise ValueError(f"observation_span_rule: cannot read a release from verl's version {version!r}")
+    major, minor = int(release.group(1)), int(release.group(2) or 0)
     return "carry" if (major, minor) >= (0, 9) else "reset"
 
 

@@ -40,6 +40,7 @@ from stepcredit.compat._arrays import (
     host,
     is_torch,
     like,
+    mask_rows,
     normalize_by_members,
     read,
     row_sums,
@@ -262,7 +263,7 @@ def step_norm_reward(step_rewards, response_mask, index, epsilon=1e-6, remove_st
       `(bs, response_length)` advantages.
     """
     fn = "step_norm_reward"
-    mask = token_rows(response_mask, response_mask, fn)[1]
+    mask = mask_rows(response_mask, fn)
     size = mask.shape[0]
     scores = row_vector(step_rewards, "step_rewards", size, fn)
     advantages = normalize_by_members(scores, dense(index, "index", size), np.arange(size),

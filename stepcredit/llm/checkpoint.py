@@ -59,6 +59,10 @@ def _read_config(model_dir: pathlib.Path) -> dict:
         return json.load(f)
 
 
+_REQUIRED_KEYS = ("num_hidden_layers", "vocab_size", "hidden_size", "intermediate_size",
+                  "num_attention_heads", "rms_norm_eps")
+
+
 def _rope_theta(config: dict) -> float:
     parameters = config.get("rope_parameters") or {}
     scaling = config.get("rope_scaling") or {}
@@ -101,12 +105,18 @@ def model_config(model_dir: str | pathlib.Path, *, dtype: str = "float32"):
         from tunix.models.qwen3 import model as tunix_model
     else:
         from tunix.models.qwen2 import model as tunix_model
+    if theta != int(theta):
+        raise ValueError(f"config.json: rope_theta {theta!r}; tunix 0.1.7 takes a whole-number RoPE base")
+    missing = [key for key in _REQUIRED_KEYS if config.get(key) is None]
+    if missing:
+        raise ValueError(f"config.json: {', '.join(missing)} missing or null")
     heads = config["num_attention_heads"]
     fields = dict(
         num_layers=config["num_hidden_layers"], vocab_size=config["vocab_size"],
         embed_dim=config["hidden_size"], hidden_dim=config["intermediate_size"], num_heads=heads,
         head_dim=config.get("head_dim") or config["hidden_size"] // heads,
-        num_kv_heads=config.get("num_key_value_heads", heads), rope_theta=int(theta),
+        # null (as some exporters write) means what absent means: one key-value head per head
+        num_kv_heads=config.get("num_key_value_heads") or heads, rope_theta=int(theta),
         norm_eps=config["rms_norm_eps"], use_tied_embedding=bool(config.get("tie_word_embeddings")),
         dtype=_DTYPES[dtype], param_dtype=_DTYPES[dtype])
     return family, tunix_model.ModelConfig(**fields)

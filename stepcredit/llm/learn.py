@@ -62,12 +62,18 @@ def step_rows(trajectories: Sequence[Trajectory], step_advantages) -> dict[str, 
     """
     records = [(b, t, step) for b, trajectory in enumerate(trajectories)
                for t, step in enumerate(trajectory.steps)]
+    if not records:
+        raise ValueError(f"step_rows: trajectories hold no steps ({len(trajectories)} trajectories)")
+    advantages = np.asarray(step_advantages)
+    needed = (len(trajectories), max(len(trajectory.steps) for trajectory in trajectories))
+    if advantages.ndim != 2 or advantages.shape[0] != needed[0] or advantages.shape[1] < needed[1]:
+        raise ValueError(f"step_rows: step_advantages has shape {advantages.shape}; it must be [B, T] with "
+                         f"B = {needed[0]} trajectories and T >= their longest, {needed[1]} steps")
     longest = max(len(step.prompt_ids) + len(step.action_ids) for _, _, step in records)
     shape = (len(records), 1 << (longest - 1).bit_length())  # a power of two: few compiled shapes
     out = {"tokens": np.zeros(shape, np.int32), "mask": np.zeros(shape, bool),
            "action_mask": np.zeros(shape, bool), "old_logp": np.zeros(shape, np.float32),
            "advantages": np.zeros(shape, np.float32)}
-    advantages = np.asarray(step_advantages)
     for r, (b, t, step) in enumerate(records):
         prompt, action = len(step.prompt_ids), len(step.action_ids)
         out["tokens"][r, :prompt + action] = list(step.prompt_ids) + list(step.action_ids)

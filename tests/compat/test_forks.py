@@ -234,3 +234,36 @@ def test_istar_messages():
     merged, _ = istar.process_outcome_combined_advantage(_istar_batch(d), step_advantage_w=1.0)
     close(merged.numpy(), reference.istar(d["rewards"] + d["rm_scores"], np.zeros_like(d["rm_scores"]),
                                           d["mask"], d["index"], d["traj"], step_index=d["step"]))
+
+
+def test_step_index_messages():
+    d = step_rows(16)
+    batch = _istar_batch(d)
+    batch.non_tensor_batch["step_indices"] = d["step"][:-1]
+    with pytest.raises(ValueError, match=r"step_indices has \d+ entries for \d+ rows"):
+        istar.compute_istar_rloo_advantage(batch)
+    batch = _istar_batch(d)
+    steps = d["step"].astype(np.float64)
+    steps[np.flatnonzero(steps > 0)[0]] += 0.5
+    batch.non_tensor_batch["step_indices"] = steps
+    with pytest.raises(ValueError, match=r"step_indices holds \d\.5 at row \d+; steps are whole numbers"):
+        istar.compute_istar_rloo_advantage(batch)
+    batch = _istar_batch(d)
+    steps = d["step"].copy()
+    steps[np.flatnonzero(steps > 0)[0]] = 0
+    batch.non_tensor_batch["step_indices"] = steps
+    with pytest.raises(ValueError, match="step_indices 0 on two rows"):
+        istar.compute_istar_rloo_advantage(batch)
+    base, _ = arlarena.compute_grpo_outcome_advantage(d["rewards"], d["mask"], d["index"], d["traj"])
+    prompts = np.empty(len(d["step"]), dtype=object)
+    prompts[:] = [[{"role": "user", "content": "no step count here"}]] * len(d["step"])
+    batch = Batch({"advantages": base, "old_entropy": d["entropy"], "response_mask": d["mask"]},
+                  {"traj_uid": d["traj"], "raw_prompt": prompts})
+    with pytest.raises(ValueError, match=r"step 0 on two rows \(the step read from raw_prompt"):
+        arlarena.compute_EMPG_advantage(batch)
+    batch.non_tensor_batch["step_indices"] = d["step"]
+    batch.batch["advantages"] = base[:, 0]
+    with pytest.raises(ValueError, match=r"advantages has shape \(\d+,\) and response_mask"):
+        arlarena.compute_EMPG_advantage(batch)
+    with pytest.raises(ValueError, match=r"step_norm_reward: response_mask has shape \(\d+,\)"):
+        verl_agent.step_norm_reward(d["rewards"].sum(1), d["mask"][:, 0], d["index"])

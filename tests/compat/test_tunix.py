@@ -53,6 +53,16 @@ def test_turn_inputs_place_each_step_reward_on_its_turn():
     assert out["anchor_obs"][0] == ["s0", "s1", "s2"] and out["anchor_obs"][1] == ["s0", "s4"]
 
 
+def test_turn_inputs_merge_steps_without_a_reply_into_one_turn():
+    # Step 1 got no environment reply: its tokens and step 2's form one run of the mask.
+    mask = np.array([[1, 1, 0, 1, 1, 1, 0, 1]], np.float32)
+    records = [{"step_rewards": [1.0, 2.0, 3.0, 4.0], "step_assistant_lens": [2, 1, 2, 1],
+                "step_env_lens": [1, 0, 1, 0], "step_states": ["s0", "s1", "s2", "s3"]}]
+    out = compat.turn_inputs(records, mask)
+    assert list(out["anchor_obs"][0]) == ["s0", "s1", "s3"]
+    np.testing.assert_array_equal(out["token_level_rewards"][0], [0, 1, 0, 2, 0, 3, 0, 4])
+
+
 # ---------------------------------------------------------------- the learner, end to end
 
 WORDS = ["<pad>", "<s>", "</s>", "[UNK]", "System:", "User:", "Assistant:", "guess", "the", "digit",

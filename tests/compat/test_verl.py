@@ -106,6 +106,13 @@ def test_reinforce_pp_follows_the_installed_verl_rule():
         compat.compute_reinforce_plus_plus_outcome_advantage(d["rewards"], d["mask"])
 
 
+@pytest.mark.parametrize("version,rule", [("0.9.1", "carry"), ("0.9rc1", "carry"), ("0.10.dev0", "carry"),
+                                          ("1", "carry"), ("0.8.5.post1", "reset")])
+def test_observation_span_rule_reads_pre_and_post_releases(monkeypatch, version, rule):
+    monkeypatch.setattr(compat.importlib.metadata, "version", lambda name: version)
+    assert compat.observation_span_rule() == rule
+
+
 # ---------------------------------------------------------------- stepcredit estimators in verl
 
 

@@ -54,3 +54,15 @@ def test_refusals_name_the_field(tmp_path):
         checkpoint.load(tmp_path / "missing")
     with pytest.raises(ValueError, match="dtype='float16'"):
         checkpoint.model_config(tmp_path, dtype="float16")
+    config["model_type"] = "qwen2"
+    for key, value, message in (("rope_theta", 10_000.5, "rope_theta 10000.5; tunix 0.1.7 takes a whole"),
+                                ("num_key_value_heads", None, None),
+                                ("rms_norm_eps", None, "rms_norm_eps missing or null")):
+        changed = dict(config, **{key: value})
+        (tmp_path / "config.json").write_text(json.dumps(changed))
+        if message is None:
+            heads = checkpoint.model_config(tmp_path)[1]
+            assert heads.num_kv_heads == config["num_attention_heads"]
+        else:
+            with pytest.raises(ValueError, match=message):
+                checkpoint.model_config(tmp_path)

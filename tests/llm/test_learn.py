@@ -62,3 +62,7 @@ def test_step_rows_put_each_step_advantage_on_its_action_tokens():
     np.testing.assert_array_equal(rows["action_mask"], [[0, 0, 0, 1, 1] + pad, [0, 0, 1, 0, 0] + pad])
     np.testing.assert_array_equal(rows["advantages"], [[0, 0, 0, 0.25, 0.25] + pad, [0, 0, -1.5, 0, 0] + pad])
     np.testing.assert_array_equal(rows["old_logp"], [[0, 0, 0, -1, -2] + pad, [0, 0, -0.5, 0, 0] + pad])
+    with pytest.raises(ValueError, match="step_rows: trajectories hold no steps"):
+        learn.step_rows([Trajectory(steps=())], np.zeros((1, 0), np.float32))
+    with pytest.raises(ValueError, match=r"step_advantages has shape \(2,\); it must be \[B, T\]"):
+        learn.step_rows([trajectory], np.zeros(2, np.float32))
