@@ -312,8 +312,9 @@ def collate(trajectories: Sequence[Trajectory], *, max_steps: int | None = None,
         score[b] = (step_arrays["reward"][b].sum() if trajectory.score is None or was_cut
                     else trajectory.score)
 
-    step_batch = StepBatch(anchor=dense_anchor_ids(anchor_keys, has_anchor), group_id=group_id, score=score, bootstrap_value=bootstrap, tree_id=tree_id,
-                           **step_arrays, **step_flags)
+    step_batch = StepBatch(anchor=dense_anchor_ids(anchor_keys, has_anchor), group_id=group_id,
+                           score=score, bootstrap_value=bootstrap, tree_id=tree_id, **step_arrays,
+                           **step_flags)
     token_batch = TokenBatch(tokens=tokens, action_mask=step_index >= 0, step_index=step_index,
                              logp=token_logp, entropy=token_entropy)
     return step_batch, token_batch, CollateStats(cut_steps, cut_tokens)

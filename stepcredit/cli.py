@@ -51,7 +51,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(
         prog="stepcredit",
         description="Step-level credit assignment for agentic RL of language models.")
-    parser.add_argument("--version", action="version", version=f"stepcredit {importlib.metadata.version('stepcredit')}")
+    parser.add_argument("--version", action="version",
+                        version=f"stepcredit {importlib.metadata.version('stepcredit')}")
     subparsers = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for name, module_name in _SUBCOMMANDS.items():
         module = importlib.import_module(module_name)

@@ -83,7 +83,8 @@ ARROW_SCHEMA: pa.Schema = pa.schema([FEATURES.arrow_schema.field(name) for name 
 # Kinds of each field, for validating records whose types are not yet Arrow types.
 KIND = {
     "trajectory_id": "id", "group_id": "id", "anchor": "id", "step_index": "int",
-    "prompt_ids": "int_list", "observation_ids": "int_list", "response_ids": "int_list", "response_logprobs": "float_list",
+    "prompt_ids": "int_list", "observation_ids": "int_list", "response_ids": "int_list",
+    "response_logprobs": "float_list",
     "response_entropies": "float_list", "response_values": "float_list",
     "reward": "float", "value": "float", "score": "float", "bootstrap_value": "float",
     "entropy": "float", "done": "bool", "truncated": "bool", "metadata": "json",

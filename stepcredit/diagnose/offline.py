@@ -26,7 +26,7 @@ import numpy as np
 from stepcredit import advantages as adv
 from stepcredit.data.offline import ADVANTAGE, TOKEN_ADVANTAGES, compute_credit
 from stepcredit.diagnose.episodes import Stacked
-from stepcredit.diagnose.result import Diagnosis, Example, Score
+from stepcredit.diagnose.result import Diagnosis, Example
 from stepcredit.diagnose.run import grade, pick_examples
 from stepcredit.keys import dense_ids
 

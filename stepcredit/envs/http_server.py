@@ -92,7 +92,7 @@ from typing import Any, Callable, Mapping, Sequence
 
 from stepcredit.envs import agentgym_dialects as ag
 from stepcredit.envs.base import Env, Observation
-from stepcredit.envs.http_protocol import BOOT_HEADER, ProtocolError, TooLarge, clip, short
+from stepcredit.envs.http_protocol import ProtocolError, clip, short
 
 _log = logging.getLogger(__name__)
 

@@ -3,9 +3,13 @@
 One iteration: for each of K tasks, `rollout.play_group` plays G episodes;
 `compute_advantages` gives every step its advantage; each step becomes one row
 `prompt_ids + action_ids` (token-exact, as sampled) whose action tokens carry
-the step's advantage; one Adam step on PPO's clipped surrogate
-(`stepcredit.ppo_clip_loss`, token-mean) against the log-probs stored at
-sampling. Rows are right-padded to a power of two, in one forward pass.
+the step's advantage; `Learner.learn` takes `epochs` passes of AdamW steps over
+minibatches of those rows on the trainer's policy loss
+(`stepcredit.train.update.policy_loss`: PPO's clipped surrogate, or StepPO's
+step ratio) against the log-probs stored at sampling, plus `kl_coef` times the
+KL to a frozen copy of the initial model. Rows are right-padded to a power of
+two; a short last minibatch is padded with empty rows (no action tokens), so
+each row length compiles one update.
 """
 
 from __future__ import annotations
@@ -24,31 +28,43 @@ from stepcredit.credit import compute_advantages
 from stepcredit.envs.base import Env
 from stepcredit.llm import checkpoint as checkpoints
 from stepcredit.llm import rollout
-from stepcredit.losses import ppo_clip_loss
+from stepcredit.losses import kl_loss
+from stepcredit.train.update import LossConfig, make_optimizer, policy_loss
 
 
 @dataclasses.dataclass(frozen=True)
 class LearnConfig:
-    """Settings of `train`.
+    """Settings of `Learner` and `play_batch`.
 
     Attributes:
-      estimator: a registered estimator that needs no critic (grpo, rloo,
-        gigpo, grpo+empg needs entropies: not recorded here).
+      estimator: a registered estimator that needs no critic, PRM, entropy or
+        rollout trees (grpo, rloo, gigpo, reinforce_pp, mt_grpo, ...).
+      estimator_config: (name, value) pairs overriding its defaults.
       iterations, tasks_per_iteration, group_size: K tasks x G episodes each.
       max_new_tokens, temperature, window: sampling and prompt settings.
-      learning_rate, clip: Adam's rate and PPO's clip.
+      invalid_action_penalty: subtracted from the reward of an invalid action.
+      learning_rate, weight_decay, grad_clip: AdamW and global-norm clipping.
+      epochs: passes over each batch; minibatch_rows: rows per step (0: all).
+      loss: the policy loss and its KL term (`LossConfig`; `kl_coef` > 0
+        keeps a frozen reference copy of the model).
       seed: the run's seed (task order and sampling).
     """
 
     estimator: str = "grpo"
+    estimator_config: tuple[tuple[str, Any], ...] = ()
     iterations: int = 1
     tasks_per_iteration: int = 2
     group_size: int = 4
     max_new_tokens: int = 32
     temperature: float = 1.0
     window: int = 4
+    invalid_action_penalty: float = 0.0
     learning_rate: float = 1e-6
-    clip: float = 0.2
+    weight_decay: float = 0.0
+    grad_clip: float = 1.0
+    epochs: int = 1
+    minibatch_rows: int = 0
+    loss: LossConfig = LossConfig()
     seed: int = 0
 
 
@@ -84,64 +100,145 @@ def step_rows(trajectories: Sequence[Trajectory], step_advantages) -> dict[str, 
     return out
 
 
-def _update_fn(graphdef, rest, optimizer, clip: float):
-    def loss_fn(params, rows):
-        model = nnx.merge(graphdef, params, rest)
-        positions, attention = checkpoints.attention_inputs(rows["mask"])
-        logits, _ = model(rows["tokens"], positions, None, attention)
-        logp_all = jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1)
-        # the log-prob of token n comes from the logits at n - 1
-        taken = jnp.take_along_axis(logp_all[:, :-1], rows["tokens"][:, 1:, None], axis=-1)[..., 0]
-        logp = jnp.pad(taken, ((0, 0), (1, 0)))
-        loss, _ = ppo_clip_loss(logp, rows["old_logp"], rows["advantages"], rows["action_mask"],
-                                clip_low=clip, clip_high=clip)
-        return loss
-
-    @jax.jit
-    def update(params, opt_state, rows):
-        loss, grads = jax.value_and_grad(loss_fn)(params, rows)
-        updates, opt_state = optimizer.update(grads, opt_state, params)
-        return optax.apply_updates(params, updates), opt_state, loss
-
-    return update
+def _token_logp(graphdef, params, rest, rows, temperature: float) -> jax.Array:
+    """`[R, L]` log-prob of each token given the ones before it (0 at position 0)."""
+    model = nnx.merge(graphdef, params, rest)
+    positions, attention = checkpoints.attention_inputs(rows["mask"])
+    logits, _ = model(rows["tokens"], positions, None, attention)
+    logp_all = jax.nn.log_softmax(logits.astype(jnp.float32) / temperature, axis=-1)
+    # the log-prob of token n comes from the logits at n - 1
+    taken = jnp.take_along_axis(logp_all[:, :-1], rows["tokens"][:, 1:, None], axis=-1)[..., 0]
+    return jnp.pad(taken, ((0, 0), (1, 0)))
 
 
-def train(qwen: checkpoints.Checkpoint, make_env: Callable[[], Env], tasks: Sequence[Any],
-          config: LearnConfig = LearnConfig()) -> list[dict[str, float]]:
-    """Trains `qwen.model` in place; returns each iteration's metrics.
+class Learner:
+    """The learning side of a chat-model policy: its optimizer state, the KL reference, updates.
 
-    Returns:
-      Per iteration: `loss`, `success` (the share of episodes won), `reward`
-      (mean episode reward), `steps` (rows trained on).
+    Args:
+      qwen: the loaded policy; `learn` updates `qwen.model` in place (tunix's
+        sampler holds the same variables, so the next rollout samples from it).
+      config: the settings.
     """
-    if not tasks:
-        raise ValueError("train: tasks is empty")
-    graphdef, params, rest = nnx.split(qwen.model, nnx.Param, ...)
-    optimizer = optax.adam(config.learning_rate)
-    opt_state = optimizer.init(params)
-    update = _update_fn(graphdef, rest, optimizer, config.clip)
-    history = []
-    for iteration in range(config.iterations):
-        trajectories = []
-        for k in range(config.tasks_per_iteration):
-            task = tasks[(iteration * config.tasks_per_iteration + k) % len(tasks)]
-            trajectories += rollout.play_group(
-                qwen, make_env, task, group_size=config.group_size, group_id=k,
-                seed=config.seed * 100_003 + iteration * config.tasks_per_iteration + k,
-                max_new_tokens=config.max_new_tokens, temperature=config.temperature,
-                window=config.window)
+
+    def __init__(self, qwen: checkpoints.Checkpoint, config: LearnConfig):
+        self.qwen, self.config = qwen, config
+        self.graphdef, self.params, self.rest = nnx.split(qwen.model, nnx.Param, ...)
+        self.tx = make_optimizer(learning_rate=config.learning_rate,
+                                 weight_decay=config.weight_decay, grad_clip=config.grad_clip)
+        self.opt_state = self.tx.init(self.params)
+        self.reference = jax.tree.map(jnp.copy, self.params) if config.loss.kl_coef else None
+        self.estimator_config = dict(config.estimator_config)
+        self.batches = 0  # batches learned from: seeds each one's minibatch order
+        self._step = jax.jit(self._train_step)
+        self._score = jax.jit(self._reference_logp)
+
+    def _reference_logp(self, reference, rows):
+        return _token_logp(self.graphdef, reference, self.rest, rows, self._temperature)
+
+    @property
+    def _temperature(self) -> float:
+        return self.config.temperature if self.config.temperature > 0 else 1.0
+
+    def _train_step(self, params, opt_state, rows):
+        loss_config = self.config.loss
+
+        def loss_fn(params):
+            logp = _token_logp(self.graphdef, params, self.rest, rows, self._temperature)
+            loss, _ = policy_loss(loss_config, logp, rows["old_logp"], rows["advantages"],
+                                  rows["action_mask"])
+            metrics = {"loss/policy": loss}
+            if loss_config.kl_coef:
+                kl, _ = kl_loss(logp, rows["ref_logp"], rows["action_mask"], kind=loss_config.kl_kind)
+                loss = loss + loss_config.kl_coef * kl
+                metrics["loss/kl"] = kl
+            metrics["loss/total"] = loss
+            return loss, metrics
+
+        grads, metrics = jax.grad(loss_fn, has_aux=True)(params)
+        updates, opt_state = self.tx.update(grads, opt_state, params)
+        return optax.apply_updates(params, updates), opt_state, metrics
+
+    def learn(self, trajectories: Sequence[Trajectory]) -> dict[str, float]:
+        """Credit, step rows and `epochs` passes of updates on one batch.
+
+        Returns:
+          `loss/policy`, `loss/total` (and `loss/kl`), each the mean over the
+          batch's optimizer steps, and `rows`, the step rows trained on.
+        """
         steps, tokens, _ = collate(trajectories, with_observations=False)
-        credit = compute_advantages(steps, tokens, config.estimator)
-        rows = {key: jnp.asarray(value) for key, value in step_rows(trajectories,
-                                                                     credit.step_advantages).items()}
-        with jax.set_mesh(qwen.mesh):
-            params, opt_state, loss = update(params, opt_state, rows)
-        nnx.update(qwen.model, params)
-        won = [any(step.info.get("won", False) for step in t.steps) for t in trajectories]
-        history.append({"loss": float(loss), "success": float(np.mean(won)),
-                        "reward": float(np.mean([sum(s.reward for s in t.steps) for t in trajectories])),
-                        "steps": float(rows["tokens"].shape[0])})
-    return history
+        credit = compute_advantages(steps, tokens, self.config.estimator, **self.estimator_config)
+        rows = step_rows(trajectories, credit.step_advantages)
+        count = rows["tokens"].shape[0]
+        size = self.config.minibatch_rows or count
+        with jax.set_mesh(self.qwen.mesh):
+            if self.reference is not None:
+                rows["ref_logp"] = np.asarray(self._score(self.reference, rows))
+            order = np.random.default_rng([self.config.seed, self.batches])
+            self.batches += 1
+            history = []
+            for _ in range(self.config.epochs):
+                shuffled = order.permutation(count)
+                for begin in range(0, count, size):
+                    chunk = _padded_rows(rows, shuffled[begin:begin + size], size)
+                    self.params, self.opt_state, metrics = self._step(self.params, self.opt_state, chunk)
+                    history.append(metrics)
+        nnx.update(self.qwen.model, self.params)
+        out = {key: float(np.mean([float(m[key]) for m in history])) for key in history[0]}
+        out["rows"] = float(count)
+        return out
+
+    def as_tree(self) -> dict[str, Any]:
+        """The checkpoint layout: parameters, optimizer state and the reference (when kept)."""
+        tree = {"params": self.params, "opt": self.opt_state}
+        if self.reference is not None:
+            tree["reference"] = self.reference
+        return tree
+
+    def load(self, tree: dict[str, Any]) -> None:
+        """Takes the state of `as_tree` (a restored checkpoint) into the learner and the model.
+
+        Each restored array is placed as the learner's own: parameters keep their
+        sharding over the model's mesh; the rest (optimizer counts and moments
+        of unsharded leaves) is replicated over it, as jit under the mesh expects.
+        """
+        replicated = jax.sharding.NamedSharding(self.qwen.mesh, jax.sharding.PartitionSpec())
+
+        def placed(restored, current):
+            sharding = current.sharding
+            if not isinstance(sharding, jax.sharding.NamedSharding):
+                sharding = replicated
+            return jax.device_put(restored, sharding)
+
+        current = self.as_tree()
+        tree = jax.tree.map(placed, {key: tree[key] for key in current}, current)
+        self.params, self.opt_state = tree["params"], tree["opt"]
+        self.reference = tree.get("reference", self.reference)
+        nnx.update(self.qwen.model, self.params)
 
 
-__all__: Sequence[str] = ("LearnConfig", "step_rows", "train")
+def _padded_rows(rows: dict[str, np.ndarray], index: np.ndarray, size: int) -> dict[str, jax.Array]:
+    """Rows `index`, with empty rows (all False masks) appended up to `size`."""
+    out = {}
+    for key, value in rows.items():
+        chunk = value[index]
+        if len(index) < size:
+            chunk = np.concatenate([chunk, np.zeros((size - len(index),) + value.shape[1:], value.dtype)])
+        out[key] = jnp.asarray(chunk)
+    return out
+
+
+def play_batch(qwen: checkpoints.Checkpoint, make_env: Callable[[], Env], tasks: Sequence[Any],
+               config: LearnConfig, *, iteration: int, max_steps: int | None = None) -> list[Trajectory]:
+    """The batch of an iteration: G episodes of each task (`rollout.play_group`), group k = task k."""
+    trajectories = []
+    for k, task in enumerate(tasks):
+        trajectories += rollout.play_group(
+            qwen, make_env, task, group_size=config.group_size, group_id=k,
+            seed=config.seed * 100_003 + iteration * len(tasks) + k,
+            max_new_tokens=config.max_new_tokens, temperature=config.temperature,
+            window=config.window, max_steps=max_steps,
+            invalid_action_penalty=config.invalid_action_penalty)
+    return trajectories
+
+
+__all__: Sequence[str] = ("LearnConfig", "Learner", "play_batch", "step_rows")

@@ -28,7 +28,8 @@ def _text(tokenizer, ids) -> str:
 
 def play_group(checkpoint: Checkpoint, make_env: Callable[[], Env], task: Any, *, group_size: int,
                group_id: int = 0, seed: int, max_new_tokens: int = 64, temperature: float = 1.0,
-               window: int = 4, max_steps: int | None = None) -> list[Trajectory]:
+               window: int = 4, max_steps: int | None = None,
+               invalid_action_penalty: float = 0.0) -> list[Trajectory]:
     """Plays `group_size` episodes of `task`, one environment each, sampling every step in one call.
 
     Args:
@@ -42,6 +43,8 @@ def play_group(checkpoint: Checkpoint, make_env: Callable[[], Env], task: Any, *
       temperature: the sampling temperature (0: greedy).
       window: history pairs shown in each prompt.
       max_steps: a step limit below the environment's own, or None.
+      invalid_action_penalty: subtracted from a step's reward when the
+        environment marks its action invalid (as the word-level rollout does).
 
     Returns:
       G `Trajectory`s; each step's `info` holds the environment's info plus
@@ -75,7 +78,9 @@ def play_group(checkpoint: Checkpoint, make_env: Callable[[], Env], task: Any, *
                 steps[i].append(StepRecord(
                     observation_ids=tokenizer.encode(observations[i].text, add_special_tokens=False),
                     action_ids=[int(x) for x in ids], action_logp=[float(x) for x in logprobs],
-                    reward=float(result.reward), done=result.done,
+                    reward=float(result.reward) - (0.0 if result.info.get("valid", True)
+                                                   else invalid_action_penalty),
+                    done=result.done,
                     truncated=result.truncated or (t == limit - 1 and not result.done),
                     anchor=stable_key(observations[i].anchor), prompt_ids=list(prompt),
                     info={**result.info, "text": text, "parse_error": parsed.error}))

@@ -17,6 +17,17 @@ from stepcredit.train.tree import BRANCHES_NEED, TreeShape, collect_trees
 MAX_REFILL_ROUNDS = 3
 
 
+def iteration_tasks(config, iteration: int, num_train_tasks: int, *, round_: int = 0,
+                    process_index: int | None = None) -> list[int]:
+    """The training tasks of an iteration: `config.tasks_per_iteration` distinct task ids, a
+    fixed function of (seed, iteration, round, process)."""
+    seed = [config.seed, iteration, round_]
+    if process_index is not None:
+        seed.append(process_index)
+    return np.random.default_rng(seed).choice(
+        num_train_tasks, config.tasks_per_iteration, replace=False).tolist()
+
+
 class Collector:
     """Plays an iteration's tasks, G episodes each, with a given policy.
 
@@ -39,12 +50,8 @@ class Collector:
             check_snapshots(self.config, vine.VALUES_NEED)
 
     def tasks(self, iteration: int, round_: int = 0) -> list[int]:
-        """The training tasks of an iteration: a fixed function of (seed, iteration, round)."""
-        seed = [self.config.seed, iteration, round_]
-        if self.process_index is not None:
-            seed.append(self.process_index)
-        return np.random.default_rng(seed).choice(
-            self.parts.num_train_tasks, self.config.tasks_per_iteration, replace=False).tolist()
+        return iteration_tasks(self.config, iteration, self.parts.num_train_tasks, round_=round_,
+                               process_index=self.process_index)
 
     def rollout(self, policy, tasks: list[int], key: jax.Array, limit: int) -> Rollout:
         """Plays each task `group_size` times at the step limit `limit` (with, for

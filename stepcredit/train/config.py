@@ -11,6 +11,10 @@ from stepcredit.train.curriculum import LEARNING_RATE_SCHEDULES
 from stepcredit.train.update import LossConfig
 
 
+# The policies a run can train: stepcredit's word-level transformer, or a Qwen chat model.
+POLICIES = ("word", "qwen")
+
+
 @dataclasses.dataclass(frozen=True)
 class TrainConfig:
     """A training run.
@@ -92,6 +96,11 @@ class TrainConfig:
         or N derives them from `group_size` (`TreeShape.for_group_size`: the
         leaves per task are G where that divides out; G = 8 gives M = 2,
         N = 3, L = 1).
+      policy, model_dir, param_dtype: "word" (stepcredit's word-level
+        transformer, sized by `d_model` and friends) or "qwen" (a Qwen2 /
+        Qwen3 chat model loaded with tunix from the Hugging Face folder
+        `model_dir`, in `param_dtype` "float32" or "bfloat16";
+        `stepcredit.train.qwen`).
 
     `stepcredit.train.build.resolve` writes out every value derived from
     these (the estimator's full hyperparameters, the loss's critic weight,
@@ -147,6 +156,9 @@ class TrainConfig:
     tree_branches: int = 0
     tree_rounds: int = 1
     tree_branching: str = "random"
+    policy: str = "word"
+    model_dir: str | None = None
+    param_dtype: str = "float32"
 
     def __post_init__(self):
         positive = {"iterations": self.iterations, "tasks_per_iteration": self.tasks_per_iteration,
@@ -185,6 +197,12 @@ class TrainConfig:
                              f"{self.critic_warmup_iterations}; it must be >= 0")
         if self.max_staleness < 0:
             raise ValueError(f"TrainConfig: max_staleness={self.max_staleness}; it must be >= 0")
+        if self.policy not in POLICIES or (self.policy == "qwen") != (self.model_dir is not None):
+            raise ValueError(f"TrainConfig: policy={self.policy!r} with model_dir={self.model_dir!r}; "
+                             f"policy is one of {POLICIES}, and model_dir is given with 'qwen' only")
+        if self.param_dtype not in ("float32", "bfloat16"):
+            raise ValueError(f"TrainConfig: param_dtype={self.param_dtype!r}; expected 'float32' or "
+                             "'bfloat16'")
         if self.num_devices < 0:
             raise ValueError(f"TrainConfig: num_devices={self.num_devices}; it must be >= 0 "
                              "(0: all local devices)")

@@ -141,6 +141,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--process-id", type=int, default=0, help="this process's index")
     parser.add_argument("--coordinator", default=None, metavar="HOST:PORT",
                         help="process 0's address, with --num-processes > 1")
+    parser.add_argument("--policy", choices=("word", "qwen"), default="word",
+                        help="word: stepcredit's word-level transformer (--d-model, --num-layers); "
+                             "qwen: a Qwen2 / Qwen3 chat model from --model-dir (the llm extra)")
+    parser.add_argument("--model-dir", default=None,
+                        help="with --policy qwen, a Hugging Face folder: config.json, *.safetensors, "
+                             "tokenizer.json")
+    parser.add_argument("--param-dtype", choices=("float32", "bfloat16"), default="float32",
+                        help="with --policy qwen, the dtype of the parameters and activations")
     parser.add_argument("--free-choice", dest="constrain_choice", action="store_false",
                         help="with --action-format choice, let the policy emit any tokens instead "
                              "of sampling only among the choice tokens on offer")
@@ -174,6 +182,7 @@ def config_from_args(args: argparse.Namespace):
         target_kl=args.target_kl,
         critic_warmup_iterations=args.critic_warmup,
         minibatch_rows=args.minibatch_rows, d_model=args.d_model, num_layers=args.num_layers,
+        policy=args.policy, model_dir=args.model_dir, param_dtype=args.param_dtype,
         loss=loss, rollout=RolloutConfig(temperature=args.temperature,
                                          **({} if args.max_prompt_tokens is None else
                                             {"max_prompt_tokens": args.max_prompt_tokens}),
@@ -199,12 +208,19 @@ def run(args: argparse.Namespace) -> int:
         initialize_processes(args.coordinator, args.num_processes, args.process_id)
     config = config_from_args(args)
     advantages.get(config.estimator).resolve(dict(config.estimator_config))  # before any work
-    if args.max_prompt_tokens is None:
-        config = with_fitted_prompt_budget(config)
-        if args.process_id == 0:
-            print(f"prompt budget: {config.rollout.max_prompt_tokens} tokens (fitted to "
-                  f"{config.env}'s expert prompts)", flush=True)
-    trainer = Trainer(config, log=functools.partial(print, flush=True))
+    if config.policy == "qwen":
+        from stepcredit.train.qwen import QwenTrainer
+
+        if args.num_processes > 1:
+            raise ValueError("--policy qwen trains in one process; drop --num-processes")
+        trainer = QwenTrainer(config, log=functools.partial(print, flush=True))
+    else:
+        if args.max_prompt_tokens is None:
+            config = with_fitted_prompt_budget(config)
+            if args.process_id == 0:
+                print(f"prompt budget: {config.rollout.max_prompt_tokens} tokens (fitted to "
+                      f"{config.env}'s expert prompts)", flush=True)
+        trainer = Trainer(config, log=functools.partial(print, flush=True))
     history = trainer.run(resume=args.resume, overwrite=args.overwrite)
     if history and args.process_id == 0:
         last = history[-1]

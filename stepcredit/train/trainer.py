@@ -58,7 +58,7 @@ class _NoMetrics:
         del iteration, metrics
 
 
-def _write_whole(path: str, text: str) -> None:
+def write_whole(path: str, text: str) -> None:
     """Writes `text` to a temporary file beside `path`, then renames it over `path`."""
     temporary = f"{path}.tmp-{os.getpid()}"
     with open(temporary, "w", encoding="utf-8") as f:
@@ -208,8 +208,8 @@ class Trainer:
         each whole or not at all (a kill mid-write leaves the previous file: `--resume`
         reads config.json)."""
         self.checkpointer.save(int(self.state.iteration), self.state.as_tree())
-        _write_whole(os.path.join(self.config.logdir, "config.json"), self.config.to_json())
-        _write_whole(os.path.join(self.config.logdir, "tokenizer.json"), self.tokenizer.to_json())
+        write_whole(os.path.join(self.config.logdir, "config.json"), self.config.to_json())
+        write_whole(os.path.join(self.config.logdir, "tokenizer.json"), self.tokenizer.to_json())
 
     def evaluate(self) -> dict[str, float]:
         """The policy on the fixed panel of test tasks (`evaluate.evaluate`)."""

@@ -94,26 +94,40 @@ def _row_scores(graphdef, state, tokens, mask, action_mask, temperature, *,
     return score_rows(graphdef, state, tokens, mask, temperature, choice_markers=choice_markers)
 
 
-def _policy_loss(config: LossConfig, logp, batch: Minibatch):
+def policy_loss(config: LossConfig, logp, old_logp, advantages, action_mask, behav_logp=None):
+    """The policy term of `config` on `[R, L]` step rows (one step per row).
+
+    PPO's clipped surrogate (`losses.ppo_clip_loss`), AReaL's decoupled form
+    against `behav_logp` (`losses.decoupled_ppo_loss`), or StepPO's
+    length-normalised step ratio (`losses.step_ppo_loss`) over each row's action
+    tokens.
+
+    Args:
+      logp, old_logp, advantages: `[R, L]` float32; action_mask: `[R, L]` bool;
+      behav_logp: `[R, L]` the behaviour policy's log-probs (decoupled only).
+
+    Returns:
+      `(loss, metrics)`.
+    """
     if config.step_level_ratio:
-        step_index = jnp.where(batch.action_mask, 0, -1)
+        step_index = jnp.where(action_mask, 0, -1)
         # A row is one step: its step advantage is the mean over its action tokens
         # (the broadcast value itself for step-level estimators).
-        count = jnp.sum(batch.action_mask, axis=1, keepdims=True)
-        step_advantages = jnp.sum(jnp.where(batch.action_mask, batch.advantages, 0.0), axis=1,
+        count = jnp.sum(action_mask, axis=1, keepdims=True)
+        step_advantages = jnp.sum(jnp.where(action_mask, advantages, 0.0), axis=1,
                                   keepdims=True) / jnp.maximum(count, 1)
         has_action = count > 0
-        return losses.step_ppo_loss(logp, batch.old_logp, jnp.where(has_action, step_advantages, 0.0),
+        return losses.step_ppo_loss(logp, old_logp, jnp.where(has_action, step_advantages, 0.0),
                                     step_index, has_action, clip_low=config.step_clip_low,
                                     clip_high=config.step_clip_high)
     clip_high = config.clip_low if config.clip_high is None else config.clip_high
     if config.decoupled:
-        return losses.decoupled_ppo_loss(logp, batch.old_logp, batch.behav_logp, batch.advantages,
-                                         batch.action_mask, clip_low=config.clip_low,
+        return losses.decoupled_ppo_loss(logp, old_logp, behav_logp, advantages,
+                                         action_mask, clip_low=config.clip_low,
                                          clip_high=clip_high,
                                          behav_weight_cap=config.behav_weight_cap, agg=config.agg,
                                          max_response_length=config.max_response_length)
-    return losses.ppo_clip_loss(logp, batch.old_logp, batch.advantages, batch.action_mask,
+    return losses.ppo_clip_loss(logp, old_logp, advantages, action_mask,
                                 clip_low=config.clip_low, clip_high=clip_high,
                                 agg=config.agg, max_response_length=config.max_response_length)
 
@@ -124,7 +138,8 @@ def total_loss(state: nnx.State, graphdef: nnx.GraphDef, config: LossConfig,
     scores = _row_scores(graphdef, state, batch.tokens, batch.mask, batch.action_mask,
                          config.temperature, choice_markers=config.choice_markers,
                          width=config.action_width)
-    loss, metrics = _policy_loss(config, scores.logprobs, batch)
+    loss, metrics = policy_loss(config, scores.logprobs, batch.old_logp, batch.advantages,
+                                batch.action_mask, batch.behav_logp)
     metrics = {f"policy/{k}": v for k, v in metrics.items()}
     metrics["loss/policy"] = loss
     if config.value_coef:

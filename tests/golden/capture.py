@@ -114,9 +114,24 @@ def training_outputs(workdir: str, runs: dict[str, list[str]] = RUNS) -> dict[st
     return {k: np.asarray(v) for k, v in out.items()}
 
 
+# The recording's parts, each recomputable on its own (by key prefix), so a test runner can
+# spread them over processes: the estimators, offline credit, and each training run.
+PARTS = ("credit", "offline", *(f"train/{label}" for label in RUNS))
+
+
+def compute_part(part: str, workdir: str) -> dict[str, np.ndarray]:
+    """The arrays of one of `PARTS` (keys `<part>/...`)."""
+    if part == "credit":
+        return estimator_outputs()
+    if part == "offline":
+        return offline_outputs(workdir)
+    label = part.removeprefix("train/")
+    return training_outputs(workdir, {label: RUNS[label]})
+
+
 def compute_all() -> dict[str, np.ndarray]:
     with tempfile.TemporaryDirectory() as workdir:
-        return {**estimator_outputs(), **offline_outputs(workdir), **training_outputs(workdir)}
+        return {key: value for part in PARTS for key, value in compute_part(part, workdir).items()}
 
 
 def rerecord_run(label: str) -> dict[str, np.ndarray]:

@@ -11,8 +11,9 @@ runs re-recorded after a change that moved them on purpose (`RERECORDED`).
 """
 
 import numpy as np
+import pytest
 
-from tests.golden.capture import GOLDEN, RUNS, compute_all, measures_time
+from tests.golden.capture import GOLDEN, PARTS, RUNS, compute_part, measures_time
 
 # Arrays the refactor changed on purpose, with the reason; each must differ.
 INTENDED = {
@@ -64,12 +65,19 @@ def test_rerecorded_runs_are_recorded_runs():
     assert set(RERECORDED) <= set(RUNS), sorted(set(RERECORDED) - set(RUNS))
 
 
-def test_estimators_offline_credit_and_training_are_unchanged():
+def test_every_recorded_array_belongs_to_a_part():
+    stray = [key for key in np.load(GOLDEN).files if not key.startswith(tuple(p + "/" for p in PARTS))]
+    assert not stray, stray[:5]
+
+
+@pytest.mark.parametrize("part", PARTS)
+def test_estimators_offline_credit_and_training_are_unchanged(part, tmp_path):
     expected = np.load(GOLDEN)
-    keys = [key for key in expected.files if not measures_time(key)]
-    actual = compute_all()
+    keys = [key for key in expected.files if key.startswith(part + "/") and not measures_time(key)]
+    actual = compute_part(part, str(tmp_path))
     # Estimators registered after the snapshot add arrays; every recorded one must remain.
     assert set(keys) <= set(actual), f"no longer computed: {sorted(set(keys) - set(actual))[:5]}"
     changed = {key for key in keys if not same(key, actual[key], expected[key])}
-    assert changed == set(INTENDED), (f"unintended: {sorted(changed - set(INTENDED))[:5]}; "
-                                      f"intended but unchanged: {sorted(set(INTENDED) - changed)}")
+    intended = {key for key in INTENDED if key.startswith(part + "/")}
+    assert changed == intended, (f"unintended: {sorted(changed - intended)[:5]}; "
+                                 f"intended but unchanged: {sorted(intended - changed)}")

@@ -1,0 +1,198 @@
+"""`stepcredit train --policy qwen`: a Qwen2 / Qwen3 chat model in stepcredit's training run.
+
+`QwenTrainer` is the run of `stepcredit.train.trainer.Trainer` (its log
+directory rules, `--resume` and `--overwrite`, evaluation and checkpoint
+schedule, time limit, metrics and progress lines) with the policy a tunix model
+loaded from a Hugging Face folder (`stepcredit.llm.checkpoint.load`). An
+iteration plays `tasks_per_iteration` training tasks (the word-level trainer's
+choice, `collection.iteration_tasks`), G episodes each, as chats
+(`stepcredit.llm.rollout.play_group`: token-exact step rows of what the model
+saw and sampled), and learns from them (`stepcredit.llm.learn.Learner`: the
+estimator's credit, then PPO or StepPO's step ratio with an optional KL to a
+frozen copy of the model). Checkpoints hold the parameters, the optimizer
+state and the reference.
+
+Settings of `TrainConfig` this path does not implement are refused in one
+line naming them (`unsupported_settings`), as are estimators that read a
+critic, a PRM, entropies, Monte Carlo values, a progress estimator, answer
+beliefs or rollout trees.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import time
+from typing import Callable
+
+import jax.numpy as jnp
+import numpy as np
+
+from stepcredit import advantages as adv
+from stepcredit.train.build import make_env
+from stepcredit.train.checkpoint import Checkpointer
+from stepcredit.train.collection import iteration_tasks
+from stepcredit.train.config import TrainConfig
+from stepcredit.train.evaluate import test_split
+from stepcredit.train.trainer import Trainer, write_whole
+
+# What the Qwen path reads from a TrainConfig; any other field set away from its default is refused.
+HONOURED = frozenset({
+    "env", "difficulty", "estimator", "estimator_config", "iterations", "tasks_per_iteration",
+    "group_size", "seed", "max_steps", "learning_rate", "weight_decay", "grad_clip", "epochs",
+    "minibatch_rows", "eval_every", "eval_tasks", "eval_temperature", "checkpoint_every", "logdir",
+    "time_limit_minutes", "policy", "model_dir", "param_dtype",
+    "rollout.temperature", "rollout.max_action_tokens", "rollout.history_window",
+    "rollout.invalid_action_penalty",
+    "loss.clip_low", "loss.clip_high", "loss.agg", "loss.max_response_length", "loss.step_level_ratio",
+    "loss.step_clip_low", "loss.step_clip_high", "loss.kl_coef", "loss.kl_kind"})
+
+# Registry needs the Qwen path does not provide yet, and what each is.
+_MISSING_INPUTS = (("needs_critic", "a critic"), ("needs_prm", "an implicit PRM"),
+                   ("needs_entropy", "per-step entropies"), ("needs_mc_values", "Monte Carlo values"),
+                   ("needs_progress", "a progress estimator"),
+                   ("needs_information_gain", "answer beliefs"))
+
+
+def unsupported_settings(config: TrainConfig) -> list[str]:
+    """`"field: default -> given"` for each setting the Qwen path would ignore."""
+    default = TrainConfig(policy="qwen", model_dir=config.model_dir)
+    return [line for line in default.differences(config) if line.split(":")[0] not in HONOURED]
+
+
+def check_config(config: TrainConfig) -> None:
+    """Raises ValueError, in one line, for a setting or an estimator the Qwen path cannot run."""
+    ignored = unsupported_settings(config)
+    if ignored:
+        raise ValueError(f"--policy qwen does not implement {'; '.join(ignored)} (default -> given); "
+                         "leave them at their defaults")
+    entry = adv.get(config.estimator)
+    missing = [what for need, what in _MISSING_INPUTS if getattr(entry, need)]
+    if entry.recipe.rollout_trees:
+        missing.append("rollout trees")
+    if entry.recipe.dynamic_sampling:
+        missing.append("dynamic sampling")
+    if missing:
+        raise ValueError(f"--policy qwen: estimator {config.estimator!r} needs {', '.join(missing)}, "
+                         "which the Qwen path does not provide yet")
+    if entry.needs_groups and config.group_size < 2:
+        raise ValueError(f"TrainConfig: group_size={config.group_size}, but {config.estimator!r} "
+                         "compares the rollouts of a task; use group_size >= 2")
+
+
+def resolve(config: TrainConfig) -> TrainConfig:
+    """`config` with the estimator's full hyperparameters and the recipe's clip-higher written out."""
+    check_config(config)
+    entry = adv.get(config.estimator)
+    estimator_config = entry.resolve(dict(config.estimator_config))
+    loss = config.loss
+    if loss.clip_high is None:
+        loss = dataclasses.replace(loss, clip_high=entry.recipe.clip_high
+                                   if entry.recipe.clip_high is not None else loss.clip_low)
+    return dataclasses.replace(config, estimator_config=tuple(sorted(estimator_config.items())),
+                               loss=loss)
+
+
+def episode_metrics(trajectories) -> dict[str, float]:
+    """success (won), score (the last step's), steps per episode, invalid-action and parse-error rates."""
+    steps = [step for t in trajectories for step in t.steps]
+    return {
+        "success": float(np.mean([any(s.info.get("won", False) for s in t.steps) for t in trajectories])),
+        "score": float(np.mean([t.steps[-1].info.get("score", 0.0) if t.steps else 0.0
+                                for t in trajectories])),
+        "steps_per_episode": len(steps) / len(trajectories),
+        "invalid_action_rate": float(np.mean([not s.info.get("valid", True) for s in steps] or [0.0])),
+        "parse_error_rate": float(np.mean([s.info.get("parse_error") is not None for s in steps]
+                                          or [0.0]))}
+
+
+class QwenTrainer(Trainer):
+    """The training run with a Qwen chat model as the policy (see the module docstring).
+
+    Args:
+      config: a `TrainConfig` with `policy="qwen"` and `model_dir`.
+      log: where progress lines go.
+    """
+
+    def __init__(self, config: TrainConfig, *, log: Callable[[str], None] = print):
+        from stepcredit.llm import checkpoint, learn
+
+        if config.policy != "qwen":
+            raise ValueError(f"QwenTrainer: config.policy={config.policy!r}; it trains policy 'qwen'")
+        self.config = resolve(config)
+        self.process_index, self.multiprocess, self.primary = 0, False, True
+        self.log = log
+        self.qwen = checkpoint.load(config.model_dir, dtype=config.param_dtype)
+        c = self.config
+        self.learn_config = learn.LearnConfig(
+            estimator=c.estimator, estimator_config=c.estimator_config, iterations=c.iterations,
+            tasks_per_iteration=c.tasks_per_iteration, group_size=c.group_size,
+            max_new_tokens=c.rollout.max_action_tokens, temperature=c.rollout.temperature,
+            window=c.rollout.history_window, invalid_action_penalty=c.rollout.invalid_action_penalty,
+            learning_rate=c.learning_rate, weight_decay=c.weight_decay, grad_clip=c.grad_clip,
+            epochs=c.epochs, minibatch_rows=c.minibatch_rows, loss=c.loss, seed=c.seed)
+        self.learner = learn.Learner(self.qwen, self.learn_config)
+        probe = make_env(c, "train")
+        self.num_train_tasks = probe.num_tasks
+        probe.close()
+        self.next_iteration = 0
+        self.checkpointer = Checkpointer(os.path.join(c.logdir, "checkpoints"))
+
+    def iteration(self, iteration: int) -> dict[str, float]:
+        """Plays one batch and learns from it; returns the iteration's metrics."""
+        from stepcredit.llm import learn
+
+        tick = time.perf_counter()
+        tasks = iteration_tasks(self.config, iteration, self.num_train_tasks)
+        trajectories = learn.play_batch(self.qwen, lambda: make_env(self.config, "train"), tasks,
+                                        self.learn_config, iteration=iteration)
+        played = time.perf_counter()
+        metrics = {f"rollout/{k}": v for k, v in episode_metrics(trajectories).items()}
+        metrics.update(self.learner.learn(trajectories))
+        metrics["time/rollout"] = played - tick
+        metrics["time/update"] = time.perf_counter() - played
+        metrics["time/iteration"] = time.perf_counter() - tick
+        self.next_iteration = iteration + 1
+        return metrics
+
+    def start_worker(self, iteration: int):
+        raise ValueError("--policy qwen has no asynchronous rollouts")
+
+    def _tree(self) -> dict:
+        return {**self.learner.as_tree(), "iteration": jnp.int32(self.next_iteration)}
+
+    def restore(self) -> int:
+        """Restores the newest intact checkpoint, if any; returns the next iteration to run."""
+        if self.checkpointer.latest_step() is None:
+            return 0
+        _, tree = self.checkpointer.restore_intact(self._tree(), note=self.log)
+        self.learner.load(tree)
+        self.next_iteration = int(tree["iteration"])
+        return self.next_iteration
+
+    def save(self) -> None:
+        """Checkpoints the learner and writes the resolved configuration, each whole or not at all."""
+        self.checkpointer.save(self.next_iteration, self._tree())
+        write_whole(os.path.join(self.config.logdir, "config.json"), self.config.to_json())
+
+    def evaluate(self) -> dict[str, float]:
+        """Each of the first `eval_tasks` test tasks played once at `eval_temperature` (0: greedy)."""
+        from stepcredit.llm import rollout
+
+        c = self.config
+        probe = make_env(c, "train")
+        split = test_split(probe)
+        probe.close()
+        probe = make_env(c, split)
+        count = min(c.eval_tasks, probe.num_tasks)
+        probe.close()
+        trajectories = []
+        for task in range(count):
+            trajectories += rollout.play_group(
+                self.qwen, lambda: make_env(c, split), task, group_size=1, seed=c.seed * 7_919 + task,
+                max_new_tokens=c.rollout.max_action_tokens, temperature=c.eval_temperature,
+                window=c.rollout.history_window)
+        return episode_metrics(trajectories)
+
+
+__all__ = ("HONOURED", "QwenTrainer", "check_config", "episode_metrics", "resolve", "unsupported_settings")
