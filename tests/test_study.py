@@ -1,5 +1,6 @@
 """Studies, records, tables and curves (the sweep's processes are tested in tests/train)."""
 
+import dataclasses
 import glob
 import json
 import math
@@ -114,6 +115,20 @@ def test_fingerprint_follows_the_runs():
     assert _study().fingerprint() == _study().fingerprint()
     assert _study().fingerprint() != _study(STUDY.replace("iterations = 3",
                                                           "iterations = 4")).fingerprint()
+
+
+@pytest.mark.parametrize("marker", sorted(glob.glob(os.path.join(
+    os.path.dirname(__file__), "..", "experiments", "results", "*", "study.json"))))
+def test_committed_results_keep_their_study_fingerprint(marker):
+    # A TrainConfig field added since the results were written must not orphan them: the next
+    # sweep into the directory resumes instead of refusing it as another study's.
+    name = os.path.basename(os.path.dirname(marker))
+    with open(marker, encoding="utf-8") as f:
+        held = json.load(f)
+    study = spec.load_study(os.path.join(os.path.dirname(marker), "..", "..", f"{name}.toml"))
+    assert held == {"name": study.name, "fingerprint": study.fingerprint()}
+    qwen = dataclasses.replace(study.train, policy="qwen", model_dir="m")
+    assert spec._fingerprinted(qwen) != spec._fingerprinted(study.train)
 
 
 def test_summarize_is_the_student_t_interval():

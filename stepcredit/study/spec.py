@@ -146,9 +146,14 @@ class Study:
                                where=f"study {self.name} [diagnose]")
 
     def fingerprint(self) -> str:
-        """A hash of every run's configuration: two studies with equal runs share it."""
+        """A hash of every run's configuration: two studies with equal runs share it.
+
+        `TrainConfig` fields added after studies were first fingerprinted
+        (`FINGERPRINT_NEW_FIELDS`) count only away from their defaults, so a
+        result directory written before keeps its identity and resumes.
+        """
         diagnosis = self.diagnosis()
-        text = json.dumps([(r.run_id, r.config.to_json(), r.eval_splits, r.eval_tasks)
+        text = json.dumps([(r.run_id, _fingerprinted(r.config), r.eval_splits, r.eval_tasks)
                            for r in self.runs()]
                           + [repr(diagnosis) if diagnosis is not None else None], sort_keys=True)
         return hashlib.sha256(text.encode()).hexdigest()[:16]
@@ -171,6 +176,18 @@ class Study:
                    config=config, eval_splits=tuple(env_table.get("eval_splits", ())),
                    eval_tasks=int(env_table.get("eval_tasks", config.eval_tasks)),
                    fit_prompt_budget=not budget_set)
+
+
+# TrainConfig fields added after the shipped studies were fingerprinted, with their defaults.
+FINGERPRINT_NEW_FIELDS = {"policy": "word", "model_dir": None, "param_dtype": "float32"}
+
+
+def _fingerprinted(config: TrainConfig) -> str:
+    fields = dataclasses.asdict(config)
+    for name, default in FINGERPRINT_NEW_FIELDS.items():
+        if fields.get(name) == default:
+            del fields[name]
+    return json.dumps(fields, indent=2, sort_keys=True)
 
 
 def load_study(path: str | os.PathLike) -> Study:
