@@ -92,7 +92,7 @@ from typing import Any, Callable, Mapping, Sequence
 
 from stepcredit.envs import agentgym_dialects as ag
 from stepcredit.envs.base import Env, Observation
-from stepcredit.envs.http_protocol import ProtocolError, clip, short
+from stepcredit.envs.http_protocol import BOOT_HEADER, ProtocolError, clip, short  # noqa: F401 (BOOT_HEADER re-exported)
 
 _log = logging.getLogger(__name__)
 

@@ -23,6 +23,7 @@ import numpy as np
 import optax
 from flax import nnx
 
+from stepcredit.advantages import registry
 from stepcredit.batch import Trajectory, collate
 from stepcredit.credit import compute_advantages
 from stepcredit.envs.base import Env
@@ -37,8 +38,10 @@ class LearnConfig:
     """Settings of `Learner` and `play_batch`.
 
     Attributes:
-      estimator: a registered estimator that needs no critic, PRM, entropy or
-        rollout trees (grpo, rloo, gigpo, reinforce_pp, mt_grpo, ...).
+      estimator: a registered estimator that needs no critic, PRM or rollout
+        trees (grpo, rloo, gigpo, grpo+empg, reinforce_pp, mt_grpo, ...); one
+        that reads entropies gets the sampling policy's, re-scored before the
+        update.
       estimator_config: (name, value) pairs overriding its defaults.
       iterations, tasks_per_iteration, group_size: K tasks x G episodes each.
       max_new_tokens, temperature, window: sampling and prompt settings.
@@ -100,15 +103,17 @@ def step_rows(trajectories: Sequence[Trajectory], step_advantages) -> dict[str, 
     return out
 
 
-def _token_logp(graphdef, params, rest, rows, temperature: float) -> jax.Array:
-    """`[R, L]` log-prob of each token given the ones before it (0 at position 0)."""
+def _token_scores(graphdef, params, rest, rows, temperature: float) -> tuple[jax.Array, jax.Array]:
+    """`[R, L]` log-prob of each token given the ones before it, and the entropy
+    H_n = -sum_v p_n(v) log p_n(v) of the distribution it was drawn from (0 at position 0)."""
     model = nnx.merge(graphdef, params, rest)
     positions, attention = checkpoints.attention_inputs(rows["mask"])
     logits, _ = model(rows["tokens"], positions, None, attention)
-    logp_all = jax.nn.log_softmax(logits.astype(jnp.float32) / temperature, axis=-1)
-    # the log-prob of token n comes from the logits at n - 1
-    taken = jnp.take_along_axis(logp_all[:, :-1], rows["tokens"][:, 1:, None], axis=-1)[..., 0]
-    return jnp.pad(taken, ((0, 0), (1, 0)))
+    logp_all = jax.nn.log_softmax(logits.astype(jnp.float32) / temperature, axis=-1)[:, :-1]
+    # token n is drawn from the logits at n - 1
+    taken = jnp.take_along_axis(logp_all, rows["tokens"][:, 1:, None], axis=-1)[..., 0]
+    entropy = -jnp.sum(jnp.exp(logp_all) * logp_all, axis=-1)
+    return jnp.pad(taken, ((0, 0), (1, 0))), jnp.pad(entropy, ((0, 0), (1, 0)))
 
 
 class Learner:
@@ -128,12 +133,12 @@ class Learner:
         self.opt_state = self.tx.init(self.params)
         self.reference = jax.tree.map(jnp.copy, self.params) if config.loss.kl_coef else None
         self.estimator_config = dict(config.estimator_config)
-        self.batches = 0  # batches learned from: seeds each one's minibatch order
         self._step = jax.jit(self._train_step)
-        self._score = jax.jit(self._reference_logp)
+        self._score = jax.jit(self._scores)
+        self.needs_entropy = registry.get(config.estimator).needs_entropy
 
-    def _reference_logp(self, reference, rows):
-        return _token_logp(self.graphdef, reference, self.rest, rows, self._temperature)
+    def _scores(self, params, rows):
+        return _token_scores(self.graphdef, params, self.rest, rows, self._temperature)
 
     @property
     def _temperature(self) -> float:
@@ -143,7 +148,7 @@ class Learner:
         loss_config = self.config.loss
 
         def loss_fn(params):
-            logp = _token_logp(self.graphdef, params, self.rest, rows, self._temperature)
+            logp, _ = _token_scores(self.graphdef, params, self.rest, rows, self._temperature)
             loss, _ = policy_loss(loss_config, logp, rows["old_logp"], rows["advantages"],
                                   rows["action_mask"])
             metrics = {"loss/policy": loss}
@@ -158,23 +163,30 @@ class Learner:
         updates, opt_state = self.tx.update(grads, opt_state, params)
         return optax.apply_updates(params, updates), opt_state, metrics
 
-    def learn(self, trajectories: Sequence[Trajectory]) -> dict[str, float]:
-        """Credit, step rows and `epochs` passes of updates on one batch.
+    def learn(self, trajectories: Sequence[Trajectory], *, iteration: int) -> dict[str, float]:
+        """Credit, step rows and `epochs` passes of updates on iteration `iteration`'s batch
+        (its minibatch order is a fixed function of the seed and `iteration`, so a resumed
+        run shuffles as an uninterrupted one).
 
         Returns:
           `loss/policy`, `loss/total` (and `loss/kl`), each the mean over the
           batch's optimizer steps, and `rows`, the step rows trained on.
         """
+        longest = max(len(t.steps) for t in trajectories)
+        rows = step_rows(trajectories, np.zeros((len(trajectories), longest), np.float32))
+        with jax.set_mesh(self.qwen.mesh):
+            if self.needs_entropy:  # EMPG: the sampling policy's entropies, re-scored before the update
+                trajectories = with_entropies(trajectories, rows,
+                                              np.asarray(self._score(self.params, rows)[1]))
+            if self.reference is not None:
+                rows["ref_logp"] = np.asarray(self._score(self.reference, rows)[0])
         steps, tokens, _ = collate(trajectories, with_observations=False)
         credit = compute_advantages(steps, tokens, self.config.estimator, **self.estimator_config)
-        rows = step_rows(trajectories, credit.step_advantages)
+        rows["advantages"] = step_rows(trajectories, credit.step_advantages)["advantages"]
         count = rows["tokens"].shape[0]
         size = self.config.minibatch_rows or count
         with jax.set_mesh(self.qwen.mesh):
-            if self.reference is not None:
-                rows["ref_logp"] = np.asarray(self._score(self.reference, rows))
-            order = np.random.default_rng([self.config.seed, self.batches])
-            self.batches += 1
+            order = np.random.default_rng([self.config.seed, iteration])
             history = []
             for _ in range(self.config.epochs):
                 shuffled = order.permutation(count)
@@ -216,6 +228,22 @@ class Learner:
         nnx.update(self.qwen.model, self.params)
 
 
+def with_entropies(trajectories: Sequence[Trajectory], rows: dict[str, np.ndarray],
+                   entropy: np.ndarray) -> list[Trajectory]:
+    """`trajectories` with each step's `action_entropy` read from `[R, L]` token entropies of its
+    `step_rows` row (None for a step that sampled no token)."""
+    out, r = [], 0
+    for trajectory in trajectories:
+        steps = []
+        for step in trajectory.steps:
+            span = rows["action_mask"][r]
+            values = entropy[r][span].tolist()
+            steps.append(dataclasses.replace(step, action_entropy=values or None))
+            r += 1
+        out.append(dataclasses.replace(trajectory, steps=tuple(steps)))
+    return out
+
+
 def _padded_rows(rows: dict[str, np.ndarray], index: np.ndarray, size: int) -> dict[str, jax.Array]:
     """Rows `index`, with empty rows (all False masks) appended up to `size`."""
     out = {}
@@ -241,4 +269,4 @@ def play_batch(qwen: checkpoints.Checkpoint, make_env: Callable[[], Env], tasks:
     return trajectories
 
 
-__all__: Sequence[str] = ("LearnConfig", "Learner", "play_batch", "step_rows")
+__all__: Sequence[str] = ("LearnConfig", "Learner", "play_batch", "step_rows", "with_entropies")

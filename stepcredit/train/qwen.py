@@ -14,7 +14,7 @@ state and the reference.
 
 Settings of `TrainConfig` this path does not implement are refused in one
 line naming them (`unsupported_settings`), as are estimators that read a
-critic, a PRM, entropies, Monte Carlo values, a progress estimator, answer
+critic, a PRM, Monte Carlo values, a progress estimator, answer
 beliefs or rollout trees.
 """
 
@@ -49,7 +49,7 @@ HONOURED = frozenset({
 
 # Registry needs the Qwen path does not provide yet, and what each is.
 _MISSING_INPUTS = (("needs_critic", "a critic"), ("needs_prm", "an implicit PRM"),
-                   ("needs_entropy", "per-step entropies"), ("needs_mc_values", "Monte Carlo values"),
+                   ("needs_mc_values", "Monte Carlo values"),
                    ("needs_progress", "a progress estimator"),
                    ("needs_information_gain", "answer beliefs"))
 
@@ -148,7 +148,7 @@ class QwenTrainer(Trainer):
                                         self.learn_config, iteration=iteration)
         played = time.perf_counter()
         metrics = {f"rollout/{k}": v for k, v in episode_metrics(trajectories).items()}
-        metrics.update(self.learner.learn(trajectories))
+        metrics.update(self.learner.learn(trajectories, iteration=iteration))
         metrics["time/rollout"] = played - tick
         metrics["time/update"] = time.perf_counter() - played
         metrics["time/iteration"] = time.perf_counter() - tick

@@ -24,3 +24,17 @@ def test_step_rows_put_each_step_advantage_on_its_action_tokens():
         learn.step_rows([Trajectory(steps=())], np.zeros((1, 0), np.float32))
     with pytest.raises(ValueError, match=r"step_advantages has shape \(2,\); it must be \[B, T\]"):
         learn.step_rows([trajectory], np.zeros(2, np.float32))
+
+
+def test_with_entropies_puts_each_row_entropy_on_its_step():
+    steps = (StepRecord(observation_ids=[], action_ids=[7, 8], action_logp=[-1.0, -2.0], reward=0.0,
+                        prompt_ids=[1, 2, 3]),
+             StepRecord(observation_ids=[], action_ids=[], action_logp=[], reward=1.0, prompt_ids=[1, 4]))
+    trajectories = [Trajectory(steps=steps), Trajectory(steps=steps[:1])]
+    rows = learn.step_rows(trajectories, np.zeros((2, 2), np.float32))
+    entropy = np.arange(rows["tokens"].size, dtype=np.float32).reshape(rows["tokens"].shape)
+    out = learn.with_entropies(trajectories, rows, entropy)
+    width = rows["tokens"].shape[1]
+    assert out[0].steps[0].action_entropy == [3.0, 4.0]  # row 0, positions 3 and 4
+    assert out[0].steps[1].action_entropy is None  # no token sampled: no entropy (not NaN)
+    assert out[1].steps[0].action_entropy == [2 * width + 3.0, 2 * width + 4.0]

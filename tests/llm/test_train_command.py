@@ -28,7 +28,7 @@ def _params(folder):
 
 @pytest.mark.parametrize("family, estimator, extra, resume", [
     ("qwen2", "grpo", ["--kl-coef", "0.1", "--eval-every", "1", "--eval-tasks", "1"], True),
-    ("qwen3", "gigpo", ["--step-level-ratio"], False)])
+    ("qwen3", "grpo+empg", ["--step-level-ratio"], False)])
 def test_train_policy_qwen_learns_logs_checkpoints_and_resumes(tmp_path, family, estimator, extra, resume):
     model_dir, logdir = tmp_path / "model", tmp_path / "run"
     write(model_dir, family, seed=3)
@@ -65,7 +65,7 @@ def test_train_policy_qwen_refuses_what_it_does_not_implement(tmp_path, capsys):
     base = ["train", "--policy", "qwen", "--model-dir", str(model_dir), "--logdir", str(tmp_path / "run")]
     for extra, message in ((["--d-model", "64"], "does not implement d_model: 256 -> 64"),
                            (["--estimator", "token_gae"], "estimator 'token_gae' needs a critic"),
-                           (["--estimator", "grpo+empg"], "estimator 'grpo+empg' needs per-step entropies"),
+                           (["--estimator", "rloo+istar"], "estimator 'rloo+istar' needs an implicit PRM"),
                            (["--model-dir", None], "model_dir is given with 'qwen' only")):
         argv = base + extra if extra[1] is not None else base[:3] + base[5:]
         assert main(argv) != 0
