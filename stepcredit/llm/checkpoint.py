@@ -25,6 +25,7 @@ from typing import Any, Literal
 import jax
 import jax.numpy as jnp
 import numpy as np
+from flax import nnx
 
 Family = Literal["qwen2", "qwen3"]
 _DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
@@ -191,7 +192,14 @@ def logits(checkpoint: Checkpoint, tokens, mask) -> jax.Array:
     if tokens.ndim != 2 or tuple(np.shape(mask)) != tuple(tokens.shape):
         raise ValueError(f"logits: tokens has shape {tuple(tokens.shape)} and mask "
                          f"{tuple(np.shape(mask))}; both must be [B, L]")
-    positions, attention = attention_inputs(mask)
     with jax.set_mesh(checkpoint.mesh):
-        out, _ = checkpoint.model(tokens, positions, None, attention)
+        return _forward(checkpoint.model, tokens, jnp.asarray(mask, bool))
+
+
+@nnx.jit
+def _forward(model, tokens, mask):
+    # One compiled call: op-by-op dispatch of a whole model is slow (and has aborted the
+    # process inside jaxlib on CPU under pytest-xdist).
+    positions, attention = attention_inputs(mask)
+    out, _ = model(tokens, positions, None, attention)
     return out.astype(jnp.float32)

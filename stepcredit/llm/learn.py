@@ -10,6 +10,26 @@ step ratio) against the log-probs stored at sampling, plus `kl_coef` times the
 KL to a frozen copy of the initial model. Rows are right-padded to a power of
 two; a short last minibatch is padded with empty rows (no action tokens), so
 each row length compiles one update.
+
+An estimator that reads a critic (step GAE, StepPO's turn PPO, token GAE) gets
+one: a copy of the model with a value head (`stepcredit.llm.critic`), scored on
+the rows before the update (V(s_t) at each step's first action token, token
+values on every action token, V(s_next) of an episode cut by a limit from the
+prompt of the state it was cut in) and trained on the estimator's returns with
+the value loss (`losses.value_loss`, `loss.value_clip`) by its own AdamW at
+`critic_learning_rate`, one step per policy step on the same minibatch.
+
+An estimator that reads an implicit PRM (iStar, PRIME) gets one: a further copy
+of the model, pi_prm, taking one AdamW step per iteration (`prm_learning_rate`,
+global-norm clip 10, as iStar's authors) on iStar's trajectory preference loss
+(`advantages.trajectory_preference_loss`) against pi_old, the policy before
+this update re-scored. The gradient is accumulated over chunks of
+`minibatch_rows` rows exactly: the loss depends on the PRM only through its
+token log-probs l_n, so dL/dphi = sum_n (dL/dl_n) dl_n/dphi, with dL/dl_n taken
+once on the whole batch and each chunk contributing the gradient of
+sum_n (dL/dl_n) l_n(phi). The step rewards come from the PRM after the step
+(`prm_rewards_from="post_update_prm"`, the paper) or before it
+("pre_update_prm", the authors' code).
 """
 
 from __future__ import annotations
@@ -23,13 +43,14 @@ import numpy as np
 import optax
 from flax import nnx
 
-from stepcredit.advantages import registry
+from stepcredit.advantages import registry, trajectory_preference_loss
 from stepcredit.batch import Trajectory, collate
 from stepcredit.credit import compute_advantages
 from stepcredit.envs.base import Env
 from stepcredit.llm import checkpoint as checkpoints
+from stepcredit.llm import critic as critics
 from stepcredit.llm import rollout
-from stepcredit.losses import kl_loss
+from stepcredit.losses import kl_loss, value_loss
 from stepcredit.train.update import LossConfig, make_optimizer, policy_loss
 
 
@@ -38,16 +59,22 @@ class LearnConfig:
     """Settings of `Learner` and `play_batch`.
 
     Attributes:
-      estimator: a registered estimator that needs no critic, PRM or rollout
-        trees (grpo, rloo, gigpo, grpo+empg, reinforce_pp, mt_grpo, ...); one
+      estimator: a registered estimator that needs no progress estimator,
+        Monte Carlo values or rollout trees (grpo, rloo, gigpo, grpo+empg,
+        step_gae, token_gae, rloo+istar, prime, reinforce_pp, mt_grpo, ...); one
         that reads entropies gets the sampling policy's, re-scored before the
-        update.
+        update, one that reads a critic the value-head copy of the model, one
+        that reads a PRM the PRM copy.
       estimator_config: (name, value) pairs overriding its defaults.
       iterations, tasks_per_iteration, group_size: K tasks x G episodes each.
       max_new_tokens, temperature, window: sampling and prompt settings.
       invalid_action_penalty: subtracted from the reward of an invalid action.
       learning_rate, weight_decay, grad_clip: AdamW and global-norm clipping.
       epochs: passes over each batch; minibatch_rows: rows per step (0: all).
+      critic_learning_rate: the critic's AdamW rate, for estimators that read
+        one (1e-5, verl's PPO critic beside a 1e-6 actor).
+      prm_learning_rate, prm_rewards_from: the implicit PRM's AdamW rate (1e-6,
+        iStar's authors) and which of its two states gives the step rewards.
       loss: the policy loss and its KL term (`LossConfig`; `kl_coef` > 0
         keeps a frozen reference copy of the model).
       seed: the run's seed (task order and sampling).
@@ -67,17 +94,21 @@ class LearnConfig:
     grad_clip: float = 1.0
     epochs: int = 1
     minibatch_rows: int = 0
+    critic_learning_rate: float = 1e-5
+    prm_learning_rate: float = 1e-6
+    prm_rewards_from: str = "post_update_prm"
     loss: LossConfig = LossConfig()
     seed: int = 0
 
 
 def step_rows(trajectories: Sequence[Trajectory], step_advantages) -> dict[str, np.ndarray]:
-    """Padded step rows: `tokens`, `mask`, `action_mask`, `old_logp` and `advantages`, `[R, L]`.
+    """Padded step rows: `tokens`, `mask`, `action_mask`, `old_logp` and `advantages`, `[R, L]`,
+    and `trajectory`, `step` `[R]`.
 
-    Row r is step t of trajectory b, `prompt_ids + action_ids`, right-padded to
-    the next power of two of the longest row; the advantage
-    `step_advantages[b, t]` sits on its action tokens, and `old_logp[r, n]` is
-    the stored log-prob of the token at position n.
+    Row r is step t = `step[r]` of trajectory b = `trajectory[r]`,
+    `prompt_ids + action_ids`, right-padded to the next power of two of the
+    longest row; the advantage `step_advantages[b, t]` sits on its action
+    tokens, and `old_logp[r, n]` is the stored log-prob of the token at position n.
     """
     records = [(b, t, step) for b, trajectory in enumerate(trajectories)
                for t, step in enumerate(trajectory.steps)]
@@ -92,7 +123,9 @@ def step_rows(trajectories: Sequence[Trajectory], step_advantages) -> dict[str, 
     shape = (len(records), 1 << (longest - 1).bit_length())  # a power of two: few compiled shapes
     out = {"tokens": np.zeros(shape, np.int32), "mask": np.zeros(shape, bool),
            "action_mask": np.zeros(shape, bool), "old_logp": np.zeros(shape, np.float32),
-           "advantages": np.zeros(shape, np.float32)}
+           "advantages": np.zeros(shape, np.float32),
+           "trajectory": np.array([b for b, _, _ in records], np.int32),
+           "step": np.array([t for _, t, _ in records], np.int32)}
     for r, (b, t, step) in enumerate(records):
         prompt, action = len(step.prompt_ids), len(step.action_ids)
         out["tokens"][r, :prompt + action] = list(step.prompt_ids) + list(step.action_ids)
@@ -103,21 +136,36 @@ def step_rows(trajectories: Sequence[Trajectory], step_advantages) -> dict[str, 
     return out
 
 
-def _token_scores(graphdef, params, rest, rows, temperature: float) -> tuple[jax.Array, jax.Array]:
+def _token_scores(graphdef, params, rest, rows, temperature: float, *,
+                  with_entropy: bool = True) -> tuple[jax.Array, jax.Array | None]:
     """`[R, L]` log-prob of each token given the ones before it, and the entropy
-    H_n = -sum_v p_n(v) log p_n(v) of the distribution it was drawn from (0 at position 0)."""
+    H_n = -sum_v p_n(v) log p_n(v) of the distribution it was drawn from (0 at position 0).
+
+    With z the logits over temperature, log p(token) = z_token - logsumexp(z) and
+    H = logsumexp(z) - sum_v softmax(z)_v z_v, so no `[R, L, vocab]` log-softmax is kept
+    beside the logits; `entropy` is None unless `with_entropy`.
+    """
     model = nnx.merge(graphdef, params, rest)
     positions, attention = checkpoints.attention_inputs(rows["mask"])
     logits, _ = model(rows["tokens"], positions, None, attention)
-    logp_all = jax.nn.log_softmax(logits.astype(jnp.float32) / temperature, axis=-1)[:, :-1]
-    # token n is drawn from the logits at n - 1
-    taken = jnp.take_along_axis(logp_all, rows["tokens"][:, 1:, None], axis=-1)[..., 0]
-    entropy = -jnp.sum(jnp.exp(logp_all) * logp_all, axis=-1)
-    return jnp.pad(taken, ((0, 0), (1, 0))), jnp.pad(entropy, ((0, 0), (1, 0)))
+    logits = logits[:, :-1].astype(jnp.float32) / temperature  # token n is drawn from the logits at n - 1
+    normaliser = jax.nn.logsumexp(logits, axis=-1)
+    taken = jnp.take_along_axis(logits, rows["tokens"][:, 1:, None], axis=-1)[..., 0] - normaliser
+    logp = jnp.pad(taken, ((0, 0), (1, 0)))
+    if not with_entropy:
+        return logp, None
+    entropy = normaliser - jnp.sum(jax.nn.softmax(logits, axis=-1) * logits, axis=-1)
+    return logp, jnp.pad(entropy, ((0, 0), (1, 0)))
 
 
 class Learner:
     """The learning side of a chat-model policy: its optimizer state, the KL reference, updates.
+
+    The optimizer keeps float32 master parameters whatever the model's dtype: a
+    bfloat16 weight near 1 moves in steps of 2^-8, so an AdamW update of size
+    lr = 1e-6 would round to nothing. Each forward pass casts the masters to the
+    model's dtypes, and after `learn` the model holds the cast of the new masters.
+    The KL reference stays in the model's dtype (it is never updated).
 
     Args:
       qwen: the loaded policy; `learn` updates `qwen.model` in place (tunix's
@@ -127,28 +175,142 @@ class Learner:
 
     def __init__(self, qwen: checkpoints.Checkpoint, config: LearnConfig):
         self.qwen, self.config = qwen, config
-        self.graphdef, self.params, self.rest = nnx.split(qwen.model, nnx.Param, ...)
+        self.graphdef, params, self.rest = nnx.split(qwen.model, nnx.Param, ...)
+        self.model_dtypes = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), params)
+        self.params = jax.tree.map(_master, params)
         self.tx = make_optimizer(learning_rate=config.learning_rate,
                                  weight_decay=config.weight_decay, grad_clip=config.grad_clip)
         self.opt_state = self.tx.init(self.params)
-        self.reference = jax.tree.map(jnp.copy, self.params) if config.loss.kl_coef else None
-        self.estimator_config = dict(config.estimator_config)
+        self.reference = jax.tree.map(jnp.copy, params) if config.loss.kl_coef else None
+        entry = registry.get(config.estimator)
+        self.estimator_config = entry.resolve(dict(config.estimator_config))
         self._step = jax.jit(self._train_step)
-        self._score = jax.jit(self._scores)
-        self.needs_entropy = registry.get(config.estimator).needs_entropy
+        self._score = jax.jit(self._scores, static_argnames="with_entropy")
+        self.needs_entropy = entry.needs_entropy
+        self.critic_level = ("step" if "step_values" in entry.fields else
+                             "token" if "token_values" in entry.fields else None)
+        self.critic = self.critic_opt_state = None
+        if self.critic_level is not None:
+            self.critic = {"trunk": jax.tree.map(jnp.copy, self.params),
+                           "head": critics.init_head(qwen.model.config.embed_dim)}
+            self.critic_tx = make_optimizer(learning_rate=config.critic_learning_rate,
+                                            weight_decay=config.weight_decay, grad_clip=config.grad_clip)
+            self.critic_opt_state = self.critic_tx.init(self.critic)
+            self._values = jax.jit(self._critic_values)
+            self._critic_step = jax.jit(self._train_critic_step)
+        self.prm = self.prm_opt_state = None
+        if entry.needs_prm:
+            self.prm = jax.tree.map(jnp.copy, self.params)
+            self.prm_tx = make_optimizer(learning_rate=config.prm_learning_rate, weight_decay=0.0,
+                                         grad_clip=10.0)
+            self.prm_opt_state = self.prm_tx.init(self.prm)
+            self._prm_chunk_gradient = jax.jit(self._prm_gradient)
 
-    def _scores(self, params, rows):
-        return _token_scores(self.graphdef, params, self.rest, rows, self._temperature)
+    def _in_model_dtypes(self, params):
+        return jax.tree.map(lambda x, like: x.astype(like.dtype), params, self.model_dtypes)
+
+    def _scores(self, params, rest, rows, *, with_entropy: bool):
+        return _token_scores(self.graphdef, self._in_model_dtypes(params), rest, rows,
+                             self._temperature, with_entropy=with_entropy)
 
     @property
     def _temperature(self) -> float:
         return self.config.temperature if self.config.temperature > 0 else 1.0
 
-    def _train_step(self, params, opt_state, rows):
+    def _rows_per_call(self, count: int) -> int:
+        return min(self.config.minibatch_rows or count, count)
+
+    def score(self, params, rows: dict[str, np.ndarray], *, with_entropy: bool
+              ) -> tuple[np.ndarray, np.ndarray | None]:
+        """`_token_scores` of `rows` under `params`, `minibatch_rows` rows per call (the
+        logits of a whole batch, `[R, L, vocab]`, would not fit a real model's memory)."""
+        count = rows["tokens"].shape[0]
+        size = self._rows_per_call(count)
+        logps, entropies = [], []
+        with jax.set_mesh(self.qwen.mesh):
+            for begin in range(0, count, size):
+                index = np.arange(begin, min(begin + size, count))
+                chunk = _padded_rows({key: rows[key] for key in ("tokens", "mask")}, index, size)
+                logp, entropy = self._score(params, self.rest, chunk, with_entropy=with_entropy)
+                logps.append(np.asarray(logp)[:len(index)])
+                if with_entropy:
+                    entropies.append(np.asarray(entropy)[:len(index)])
+        return np.concatenate(logps), np.concatenate(entropies) if with_entropy else None
+
+    def _critic_values(self, critic, rest, rows):
+        return critics.values(self.graphdef, self._in_model_dtypes(critic["trunk"]), rest,
+                              critic["head"], rows)
+
+    def values(self, rows: dict[str, np.ndarray]) -> np.ndarray:
+        """`[R, L]` critic values of `rows` (`critic.values`), `minibatch_rows` rows per call."""
+        count = rows["tokens"].shape[0]
+        size = self._rows_per_call(count)
+        out = []
+        with jax.set_mesh(self.qwen.mesh):
+            for begin in range(0, count, size):
+                index = np.arange(begin, min(begin + size, count))
+                chunk = _padded_rows({key: rows[key] for key in ("tokens", "mask")}, index, size)
+                out.append(np.asarray(self._values(self.critic, self.rest, chunk))[:len(index)])
+        return np.concatenate(out)
+
+    def _train_critic_step(self, critic, opt_state, rest, rows):
+        def loss_fn(critic):
+            predicted = self._critic_values(critic, rest, rows)
+            loss, _ = value_loss(predicted, rows["old_values"], rows["returns"], rows["value_mask"],
+                                 clip=self.config.loss.value_clip)
+            return loss
+
+        loss, grads = jax.value_and_grad(loss_fn)(critic)
+        updates, opt_state = self.critic_tx.update(grads, opt_state, critic)
+        return optax.apply_updates(critic, updates), opt_state, loss
+
+    def _prm_gradient(self, prm, rest, rows):
+        def weighted_logp(prm):
+            logp, _ = _token_scores(self.graphdef, self._in_model_dtypes(prm), rest, rows,
+                                    self._temperature, with_entropy=False)
+            return jnp.sum(jnp.where(rows["action_mask"], rows["weight"] * logp, 0.0))
+
+        return jax.grad(weighted_logp)(prm)
+
+    def update_prm(self, rows: dict[str, np.ndarray], tokens, steps, old_logp: np.ndarray
+                   ) -> tuple[np.ndarray, dict[str, float]]:
+        """One preference-loss step of the implicit PRM against pi_old's `[B, N]` token log-probs
+        `old_logp`; returns the PRM's `[B, N]` log-probs (after or before the step, as
+        `prm_rewards_from` says) and `prm/loss`, `prm/accuracy`, `prm/margin`, `prm/num_pairs`."""
+        success = np.asarray(steps.score) > 0
+        beta = self.estimator_config["beta"]
+        num_groups = int(np.max(steps.group_id)) + 1
+
+        def loss_fn(prm_logp):
+            return trajectory_preference_loss(prm_logp, old_logp, tokens.action_mask, tokens.step_index,
+                                              success, steps.group_id, beta=beta, num_groups=num_groups)
+
+        before = _to_tokens(self.score(self.prm, rows, with_entropy=False)[0], rows, tokens)
+        (loss, metrics), upstream = jax.value_and_grad(loss_fn, has_aux=True)(jnp.asarray(before))
+        weights = _to_rows(np.asarray(upstream), rows, tokens)
+        count = rows["tokens"].shape[0]
+        size = self._rows_per_call(count)
+        grads = None
+        with jax.set_mesh(self.qwen.mesh):
+            for begin in range(0, count, size):
+                chunk = _padded_rows({"tokens": rows["tokens"], "mask": rows["mask"],
+                                      "action_mask": rows["action_mask"], "weight": weights},
+                                     np.arange(begin, min(begin + size, count)), size)
+                part = self._prm_chunk_gradient(self.prm, self.rest, chunk)
+                grads = part if grads is None else jax.tree.map(jnp.add, grads, part)
+            updates, self.prm_opt_state = self.prm_tx.update(grads, self.prm_opt_state, self.prm)
+            self.prm = optax.apply_updates(self.prm, updates)
+        out = {"prm/loss": float(loss), **{f"prm/{key}": float(value) for key, value in metrics.items()}}
+        if self.config.prm_rewards_from == "pre_update_prm":
+            return before, out
+        return _to_tokens(self.score(self.prm, rows, with_entropy=False)[0], rows, tokens), out
+
+    def _train_step(self, params, opt_state, rest, rows):
         loss_config = self.config.loss
 
         def loss_fn(params):
-            logp, _ = _token_scores(self.graphdef, params, self.rest, rows, self._temperature)
+            logp, _ = _token_scores(self.graphdef, self._in_model_dtypes(params), rest, rows,
+                                    self._temperature, with_entropy=False)
             loss, _ = policy_loss(loss_config, logp, rows["old_logp"], rows["advantages"],
                                   rows["action_mask"])
             metrics = {"loss/policy": loss}
@@ -174,17 +336,30 @@ class Learner:
         """
         longest = max(len(t.steps) for t in trajectories)
         rows = step_rows(trajectories, np.zeros((len(trajectories), longest), np.float32))
-        with jax.set_mesh(self.qwen.mesh):
-            if self.needs_entropy:  # EMPG: the sampling policy's entropies, re-scored before the update
-                trajectories = with_entropies(trajectories, rows,
-                                              np.asarray(self._score(self.params, rows)[1]))
-            if self.reference is not None:
-                rows["ref_logp"] = np.asarray(self._score(self.reference, rows)[0])
+        if self.needs_entropy:  # EMPG: the sampling policy's entropies, re-scored before the update
+            trajectories = with_entropies(trajectories, rows,
+                                          self.score(self.params, rows, with_entropy=True)[1])
+        if self.reference is not None:
+            rows["ref_logp"] = self.score(self.reference, rows, with_entropy=False)[0]
+        token_values = None
+        if self.critic is not None:
+            rows["old_values"] = self.values(rows)
+            trajectories = self._with_values(trajectories, rows)
         steps, tokens, _ = collate(trajectories, with_observations=False)
-        credit = compute_advantages(steps, tokens, self.config.estimator, **self.estimator_config)
+        if self.critic_level == "token":
+            token_values = _to_tokens(rows["old_values"], rows, tokens)
+        prm_inputs, prm_metrics = {}, {}
+        if self.prm is not None:  # pi_old: this update's starting policy, scored as the PRM is
+            old_logp = _to_tokens(self.score(self.params, rows, with_entropy=False)[0], rows, tokens)
+            prm_logp, prm_metrics = self.update_prm(rows, tokens, steps, old_logp)
+            prm_inputs = {"prm_logp": prm_logp, "ref_logp": old_logp}
+        credit = compute_advantages(steps, tokens, self.config.estimator, token_values=token_values,
+                                    **prm_inputs, **self.estimator_config)
         rows["advantages"] = step_rows(trajectories, credit.step_advantages)["advantages"]
+        if self.critic is not None:
+            rows["returns"], rows["value_mask"] = self._value_targets(credit.returns, rows, tokens)
         count = rows["tokens"].shape[0]
-        size = self.config.minibatch_rows or count
+        size = self._rows_per_call(count)
         with jax.set_mesh(self.qwen.mesh):
             order = np.random.default_rng([self.config.seed, iteration])
             history = []
@@ -192,18 +367,75 @@ class Learner:
                 shuffled = order.permutation(count)
                 for begin in range(0, count, size):
                     chunk = _padded_rows(rows, shuffled[begin:begin + size], size)
-                    self.params, self.opt_state, metrics = self._step(self.params, self.opt_state, chunk)
+                    self.params, self.opt_state, metrics = self._step(self.params, self.opt_state,
+                                                                      self.rest, chunk)
+                    if self.critic is not None:
+                        self.critic, self.critic_opt_state, metrics["loss/value"] = self._critic_step(
+                            self.critic, self.critic_opt_state, self.rest, chunk)
                     history.append(metrics)
-        nnx.update(self.qwen.model, self.params)
+        nnx.update(self.qwen.model, self._in_model_dtypes(self.params))
         out = {key: float(np.mean([float(m[key]) for m in history])) for key in history[0]}
         out["rows"] = float(count)
+        return {**out, **prm_metrics}
+
+    def _with_values(self, trajectories: Sequence[Trajectory], rows: dict[str, np.ndarray]
+                     ) -> list[Trajectory]:
+        """`trajectories` with each step's `value` V(s_t) (its row's value at the first action
+        token) and, for an episode cut by a limit, `bootstrap_value` V(s_next) (the value after
+        the prompt of the state it was cut in, `info["next_prompt_ids"]`)."""
+        first = np.argmax(rows["action_mask"], axis=1)
+        prompt_length = rows["mask"].sum(axis=1) - rows["action_mask"].sum(axis=1)
+        at = np.where(rows["action_mask"].any(axis=1), first, prompt_length)
+        state_values = rows["old_values"][np.arange(len(at)), at]
+        cut = [b for b, t in enumerate(trajectories) if t.steps and t.steps[-1].truncated]
+        bootstrap = {}
+        if cut:
+            prompts = [trajectories[b].steps[-1].info["next_prompt_ids"] for b in cut]
+            end = max(len(prompt) for prompt in prompts) + 1
+            width = 1 << (end - 1).bit_length()
+            next_rows = {"tokens": np.zeros((len(cut), width), np.int32),
+                         "mask": np.zeros((len(cut), width), bool)}
+            for i, prompt in enumerate(prompts):  # V at position len(prompt) reads the prompt's last state
+                next_rows["tokens"][i, :len(prompt)] = prompt
+                next_rows["mask"][i, :len(prompt) + 1] = True
+            next_values = self.values(next_rows)
+            bootstrap = {b: float(next_values[i, len(prompts[i])]) for i, b in enumerate(cut)}
+        out, r = [], 0
+        for b, trajectory in enumerate(trajectories):
+            valued = []
+            for step in trajectory.steps:
+                valued.append(dataclasses.replace(step, value=float(state_values[r])))
+                r += 1
+            out.append(dataclasses.replace(trajectory, steps=tuple(valued),
+                                           bootstrap_value=bootstrap.get(b, trajectory.bootstrap_value)))
         return out
 
+    def _value_targets(self, returns, rows: dict[str, np.ndarray], tokens) -> tuple[np.ndarray, np.ndarray]:
+        """The critic's `[R, L]` targets and where they apply: a step critic learns V(s_t) at each
+        row's first action token from `[B, T]` returns, a token critic every action token's
+        value from `[B, N]` returns."""
+        returns = np.asarray(returns, np.float32)
+        if self.critic_level == "token":
+            return _to_rows(returns, rows, tokens), rows["action_mask"].copy()
+        first = np.argmax(rows["action_mask"], axis=1)
+        mask = np.zeros_like(rows["action_mask"])
+        has_action = rows["action_mask"].any(axis=1)
+        mask[np.arange(len(first))[has_action], first[has_action]] = True
+        targets = np.zeros(rows["action_mask"].shape, np.float32)
+        b, t = rows["trajectory"], rows["step"]
+        targets[np.arange(len(first)), first] = returns[b, t]
+        return np.where(mask, targets, 0.0).astype(np.float32), mask
+
     def as_tree(self) -> dict[str, Any]:
-        """The checkpoint layout: parameters, optimizer state and the reference (when kept)."""
+        """The checkpoint layout: the float32 master parameters, optimizer state, the
+        reference, the critic and the PRM with their optimizer states (when kept)."""
         tree = {"params": self.params, "opt": self.opt_state}
         if self.reference is not None:
             tree["reference"] = self.reference
+        if self.critic is not None:
+            tree["critic"], tree["critic_opt"] = self.critic, self.critic_opt_state
+        if self.prm is not None:
+            tree["prm"], tree["prm_opt"] = self.prm, self.prm_opt_state
         return tree
 
     def load(self, tree: dict[str, Any]) -> None:
@@ -225,7 +457,46 @@ class Learner:
         tree = jax.tree.map(placed, {key: tree[key] for key in current}, current)
         self.params, self.opt_state = tree["params"], tree["opt"]
         self.reference = tree.get("reference", self.reference)
-        nnx.update(self.qwen.model, self.params)
+        self.critic = tree.get("critic", self.critic)
+        self.critic_opt_state = tree.get("critic_opt", self.critic_opt_state)
+        self.prm = tree.get("prm", self.prm)
+        self.prm_opt_state = tree.get("prm_opt", self.prm_opt_state)
+        nnx.update(self.qwen.model, self._in_model_dtypes(self.params))
+
+
+def _token_positions(rows: dict[str, np.ndarray], tokens) -> list[tuple[int, np.ndarray, np.ndarray]]:
+    """For each row r: (b, its action positions in the row, the same tokens' positions in
+    `tokens`, the collated `[B, N]` view, where step t's actions are those of step_index t)."""
+    out = []
+    for r, (b, t) in enumerate(zip(rows["trajectory"], rows["step"])):
+        in_row = np.flatnonzero(rows["action_mask"][r])
+        in_tokens = np.flatnonzero(tokens.step_index[b] == t)
+        if len(in_row) != len(in_tokens):
+            raise ValueError(f"step row {r} (trajectory {b}, step {t}) has {len(in_row)} action "
+                             f"tokens, the collated batch {len(in_tokens)}")
+        out.append((int(b), in_row, in_tokens))
+    return out
+
+
+def _to_tokens(row_values: np.ndarray, rows: dict[str, np.ndarray], tokens) -> np.ndarray:
+    """`[R, L]` values on the rows' action tokens, laid out as the collated `[B, N]` batch."""
+    out = np.zeros(tokens.tokens.shape, np.float32)
+    for r, (b, in_row, in_tokens) in enumerate(_token_positions(rows, tokens)):
+        out[b, in_tokens] = row_values[r, in_row]
+    return out
+
+
+def _to_rows(token_values: np.ndarray, rows: dict[str, np.ndarray], tokens) -> np.ndarray:
+    """`[B, N]` values of the collated batch's action tokens, put back on the `[R, L]` rows."""
+    out = np.zeros(rows["action_mask"].shape, np.float32)
+    for r, (b, in_row, in_tokens) in enumerate(_token_positions(rows, tokens)):
+        out[r, in_row] = token_values[b, in_tokens]
+    return out
+
+
+def _master(leaf: jax.Array) -> jax.Array:
+    """A floating parameter in float32 (the optimizer's copy); others as they are."""
+    return leaf.astype(jnp.float32) if jnp.issubdtype(leaf.dtype, jnp.floating) else leaf
 
 
 def with_entropies(trajectories: Sequence[Trajectory], rows: dict[str, np.ndarray],

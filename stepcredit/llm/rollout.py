@@ -48,7 +48,9 @@ def play_group(checkpoint: Checkpoint, make_env: Callable[[], Env], task: Any, *
 
     Returns:
       G `Trajectory`s; each step's `info` holds the environment's info plus
-      `text` (the model's answer) and `parse_error` (None when it parsed).
+      `text` (the model's answer) and `parse_error` (None when it parsed), and
+      the last step of an episode cut by a limit `next_prompt_ids`, the prompt
+      of the state it was cut in (a critic's bootstrap V(s_next)).
     """
     if group_size < 1:
         raise ValueError(f"play_group: group_size={group_size}; it must be >= 1")
@@ -86,6 +88,11 @@ def play_group(checkpoint: Checkpoint, make_env: Callable[[], Env], task: Any, *
                     info={**result.info, "text": text, "parse_error": parsed.error}))
                 histories[i].append((observations[i].text, action))
                 observations[i] = result.observation
+                if steps[i][-1].truncated:  # a critic bootstraps from V(s_next): keep s_next's prompt
+                    steps[i][-1].info["next_prompt_ids"] = chat.prompt_ids(tokenizer, chat.step_messages(
+                        task=result.observation.task, observation=result.observation.text,
+                        history=histories[i], admissible=result.observation.admissible_actions,
+                        window=window))
                 if not (result.done or result.truncated):
                     still.append(i)
             live = still

@@ -13,9 +13,11 @@ frozen copy of the model). Checkpoints hold the parameters, the optimizer
 state and the reference.
 
 Settings of `TrainConfig` this path does not implement are refused in one
-line naming them (`unsupported_settings`), as are estimators that read a
-critic, a PRM, Monte Carlo values, a progress estimator, answer
-beliefs or rollout trees.
+line naming them (`unsupported_settings`), as are estimators that read
+Monte Carlo values, a progress estimator, answer beliefs or rollout trees.
+Critic estimators (step GAE, turn PPO, token GAE) train a value-head copy of
+the model beside the policy (`stepcredit.llm.critic`), PRM estimators (iStar,
+PRIME) a PRM copy (`stepcredit.llm.learn`).
 """
 
 from __future__ import annotations
@@ -41,15 +43,22 @@ HONOURED = frozenset({
     "env", "difficulty", "estimator", "estimator_config", "iterations", "tasks_per_iteration",
     "group_size", "seed", "max_steps", "learning_rate", "weight_decay", "grad_clip", "epochs",
     "minibatch_rows", "eval_every", "eval_tasks", "eval_temperature", "checkpoint_every", "logdir",
-    "time_limit_minutes", "policy", "model_dir", "param_dtype",
+    "time_limit_minutes", "policy", "model_dir", "param_dtype", "prm_learning_rate", "prm_rewards_from",
     "rollout.temperature", "rollout.max_action_tokens", "rollout.history_window",
     "rollout.invalid_action_penalty",
     "loss.clip_low", "loss.clip_high", "loss.agg", "loss.max_response_length", "loss.step_level_ratio",
-    "loss.step_clip_low", "loss.step_clip_high", "loss.kl_coef", "loss.kl_kind"})
+    "loss.step_clip_low", "loss.step_clip_high", "loss.kl_coef", "loss.kl_kind", "loss.value_clip"})
+
+# The defaults of `stepcredit train --policy qwen` where the word model's do not suit a
+# pretrained chat model (its 3e-4 learning rate would wreck one, 12 tokens cut a reasoned
+# answer short): GiGPO's ALFWorld recipe, arXiv 2505.10978 (learning rate 1e-6, one pass
+# over minibatches of 256 rows, answers up to 512 tokens, the two latest turns shown).
+DEFAULTS = {"learning_rate": 1e-6, "epochs": 1, "minibatch_rows": 256,
+            "rollout.max_action_tokens": 512, "rollout.history_window": 2,
+            "prm_learning_rate": 1e-6}  # iStar's PRM, arXiv 2509.19199
 
 # Registry needs the Qwen path does not provide yet, and what each is.
-_MISSING_INPUTS = (("needs_critic", "a critic"), ("needs_prm", "an implicit PRM"),
-                   ("needs_mc_values", "Monte Carlo values"),
+_MISSING_INPUTS = (("needs_mc_values", "Monte Carlo values"),
                    ("needs_progress", "a progress estimator"),
                    ("needs_information_gain", "answer beliefs"))
 
@@ -130,7 +139,8 @@ class QwenTrainer(Trainer):
             max_new_tokens=c.rollout.max_action_tokens, temperature=c.rollout.temperature,
             window=c.rollout.history_window, invalid_action_penalty=c.rollout.invalid_action_penalty,
             learning_rate=c.learning_rate, weight_decay=c.weight_decay, grad_clip=c.grad_clip,
-            epochs=c.epochs, minibatch_rows=c.minibatch_rows, loss=c.loss, seed=c.seed)
+            epochs=c.epochs, minibatch_rows=c.minibatch_rows, prm_learning_rate=c.prm_learning_rate,
+            prm_rewards_from=c.prm_rewards_from, loss=c.loss, seed=c.seed)
         self.learner = learn.Learner(self.qwen, self.learn_config)
         probe = make_env(c, "train")
         self.num_train_tasks = probe.num_tasks
@@ -195,4 +205,5 @@ class QwenTrainer(Trainer):
         return episode_metrics(trajectories)
 
 
-__all__ = ("HONOURED", "QwenTrainer", "check_config", "episode_metrics", "resolve", "unsupported_settings")
+__all__ = ("DEFAULTS", "HONOURED", "QwenTrainer", "check_config", "episode_metrics", "resolve",
+           "unsupported_settings")

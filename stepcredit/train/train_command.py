@@ -83,14 +83,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--vine-rollouts", type=int, default=9, metavar="K",
                         help="continuations from every visited state for Monte Carlo values "
                              "(vineppo; 9 in the VinePPO authors' configs)")
+    parser.add_argument("--prm-learning-rate", type=float, default=None,
+                        help="learning rate of the implicit PRM (estimators istar, rloo+istar, prime; "
+                             "default: 1e-4; 1e-6 with --policy qwen)")
     parser.add_argument("--progress-learning-rate", type=float, default=1e-4,
                         help="learning rate of SPA's progress estimator (estimator spa)")
     parser.add_argument("--progress-steps", type=int, default=1,
                         help="optimizer steps of SPA's progress estimator per iteration")
     parser.add_argument("--devices", type=int, default=0,
                         help="devices of the data-parallel update (0: all local devices)")
-    parser.add_argument("--learning-rate", type=float, default=3e-4,
-                        help="AdamW learning rate of the RL updates and the warm start")
+    parser.add_argument("--learning-rate", type=float, default=None,
+                        help="AdamW learning rate of the RL updates and the warm start (default: "
+                             "3e-4; 1e-6 with --policy qwen)")
     parser.add_argument("--lr-schedule", choices=LEARNING_RATE_SCHEDULES, default="constant",
                         help="decay of the RL learning rate over --iterations")
     parser.add_argument("--lr-final-fraction", type=float, default=0.1,
@@ -99,14 +103,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--lr-warmup", type=int, default=0, metavar="ITERATIONS",
                         help="first RL iterations over which the learning rate rises "
                              "linearly from 0")
-    parser.add_argument("--epochs", type=int, default=2, help="passes over each batch")
+    parser.add_argument("--epochs", type=int, default=None,
+                        help="passes over each batch (default: 2; 1 with --policy qwen)")
     parser.add_argument("--target-kl", type=float, default=None,
                         help="stop a batch's epochs once a minibatch's approximate KL exceeds "
                              "1.5 x this (default: never)")
     parser.add_argument("--critic-warmup", type=int, default=0, metavar="ITERATIONS",
                         help="first RL iterations that train only the critic (critic estimators)")
-    parser.add_argument("--minibatch-rows", type=int, default=64,
-                        help="step rows per update (a multiple of the devices)")
+    parser.add_argument("--minibatch-rows", type=int, default=None,
+                        help="step rows per update, a multiple of the devices (default: 64; 256 "
+                             "with --policy qwen)")
     parser.add_argument("--d-model", type=int, default=256,
                         help="residual width (256: about 1.9M parameters)")
     parser.add_argument("--num-layers", type=int, default=2, help="transformer layers")
@@ -123,10 +129,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-prompt-tokens", type=int, default=None,
                         help="step prompt budget; default: fitted to the longest expert prompt "
                              "(plus 25%%) so that no admissible list is dropped")
-    parser.add_argument("--max-action-tokens", type=int, default=12,
-                        help="the most tokens an action may take")
-    parser.add_argument("--history-window", type=int, default=1,
-                        help="(observation, action) pairs of earlier steps in each prompt")
+    parser.add_argument("--max-action-tokens", type=int, default=None,
+                        help="the most tokens an action may take (default: 12; 512 with "
+                             "--policy qwen)")
+    parser.add_argument("--history-window", type=int, default=None,
+                        help="(observation, action) pairs of earlier steps in each prompt "
+                             "(default: 1; 2 with --policy qwen)")
     parser.add_argument("--action-window", type=int, default=0,
                         help="earlier actions shown, without their observations, before the "
                              "history window's pairs")
@@ -154,10 +162,33 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "of sampling only among the choice tokens on offer")
 
 
+# Flags whose default depends on --policy, and the config field each sets.
+_POLICY_DEFAULTED = {"learning_rate": "learning_rate", "prm_learning_rate": "prm_learning_rate",
+                     "epochs": "epochs",
+                     "minibatch_rows": "minibatch_rows", "max_action_tokens": "rollout.max_action_tokens",
+                     "history_window": "rollout.history_window"}
+
+
+def _fill_policy_defaults(args: argparse.Namespace) -> None:
+    """Sets each flag of `_POLICY_DEFAULTED` left unset to its policy's default: the
+    `TrainConfig` / `RolloutConfig` field's for the word model, `qwen.DEFAULTS` for a chat model."""
+    from stepcredit.rollout import RolloutConfig
+    from stepcredit.train.config import TrainConfig
+    from stepcredit.train.qwen import DEFAULTS
+
+    for flag, field in _POLICY_DEFAULTED.items():
+        if getattr(args, flag) is None:
+            owner, name = (RolloutConfig, field[len("rollout."):]) if field.startswith("rollout.") else \
+                (TrainConfig, field)
+            setattr(args, flag, DEFAULTS[field] if args.policy == "qwen" else getattr(owner, name))
+
+
 def config_from_args(args: argparse.Namespace):
     from stepcredit.rollout import RolloutConfig
     from stepcredit.train.config import TrainConfig
     from stepcredit.train.update import LossConfig
+
+    _fill_policy_defaults(args)
 
     loss = LossConfig(kl_coef=args.kl_coef, entropy_coef=args.entropy_coef,
                       step_level_ratio=args.step_level_ratio, clip_high=args.clip_high)
@@ -174,7 +205,8 @@ def config_from_args(args: argparse.Namespace):
         num_devices=args.devices, vine_rollouts=args.vine_rollouts,
         tree_count=args.tree_count, tree_branches=args.tree_branches,
         tree_rounds=args.tree_rounds, tree_branching=args.tree_branching,
-        learning_rate=args.learning_rate, progress_learning_rate=args.progress_learning_rate,
+        learning_rate=args.learning_rate, prm_learning_rate=args.prm_learning_rate,
+        progress_learning_rate=args.progress_learning_rate,
         progress_steps=args.progress_steps,
         learning_rate_schedule=args.lr_schedule,
         final_learning_rate_fraction=args.lr_final_fraction,
