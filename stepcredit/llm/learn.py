@@ -49,6 +49,7 @@ from stepcredit.credit import compute_advantages
 from stepcredit.envs.base import Env
 from stepcredit.llm import checkpoint as checkpoints
 from stepcredit.llm import critic as critics
+from stepcredit.llm import lora
 from stepcredit.llm import rollout
 from stepcredit.losses import kl_loss, value_loss
 from stepcredit.train.update import LossConfig, make_optimizer, policy_loss
@@ -75,6 +76,9 @@ class LearnConfig:
         one (1e-5, verl's PPO critic beside a 1e-6 actor).
       prm_learning_rate, prm_rewards_from: the implicit PRM's AdamW rate (1e-6,
         iStar's authors) and which of its two states gives the step rewards.
+      lora_rank, lora_alpha: 0 trains every weight; r > 0 trains rank-r LoRA
+        adapters scaled by alpha / r (`stepcredit.llm.lora`) over frozen
+        weights, and the critic and PRM copies are adapters over the same ones.
       loss: the policy loss and its KL term (`LossConfig`; `kl_coef` > 0
         keeps a frozen reference copy of the model).
       seed: the run's seed (task order and sampling).
@@ -97,6 +101,8 @@ class LearnConfig:
     critic_learning_rate: float = 1e-5
     prm_learning_rate: float = 1e-6
     prm_rewards_from: str = "post_update_prm"
+    lora_rank: int = 0
+    lora_alpha: float = 32.0
     loss: LossConfig = LossConfig()
     seed: int = 0
 
@@ -175,16 +181,27 @@ class Learner:
 
     def __init__(self, qwen: checkpoints.Checkpoint, config: LearnConfig):
         self.qwen, self.config = qwen, config
-        self.graphdef, params, self.rest = nnx.split(qwen.model, nnx.Param, ...)
+        self.graphdef, params, rest = nnx.split(qwen.model, nnx.Param, ...)
         self.model_dtypes = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), params)
-        self.params = jax.tree.map(_master, params)
+        if config.lora_rank:  # the pretrained weights stay frozen, in the model's dtype
+            # A tree of its own (the same arrays): the split state shares the model's variables,
+            # which `learn` sets to the merged weights.
+            self.frozen = {"rest": rest, "base": jax.tree.map(lambda x: x, params)}
+            self.params = lora.init(params, rank=config.lora_rank, hidden_size=qwen.model.config.embed_dim,
+                                    key=jax.random.key(config.seed))
+        else:
+            self.frozen = {"rest": rest, "base": None}
+            self.params = jax.tree.map(_master, params)
         self.tx = make_optimizer(learning_rate=config.learning_rate,
                                  weight_decay=config.weight_decay, grad_clip=config.grad_clip)
         self.opt_state = self.tx.init(self.params)
-        self.reference = jax.tree.map(jnp.copy, params) if config.loss.kl_coef else None
+        # The reference is the initial model: its parameters, or the initial (B = 0) adapters.
+        initial = self.params if config.lora_rank else params
+        self.reference = jax.tree.map(jnp.copy, initial) if config.loss.kl_coef else None
         entry = registry.get(config.estimator)
         self.estimator_config = entry.resolve(dict(config.estimator_config))
         self._step = jax.jit(self._train_step)
+        self._merge = jax.jit(self._weights)
         self._score = jax.jit(self._scores, static_argnames="with_entropy")
         self.needs_entropy = entry.needs_entropy
         self.critic_level = ("step" if "step_values" in entry.fields else
@@ -206,11 +223,15 @@ class Learner:
             self.prm_opt_state = self.prm_tx.init(self.prm)
             self._prm_chunk_gradient = jax.jit(self._prm_gradient)
 
-    def _in_model_dtypes(self, params):
-        return jax.tree.map(lambda x, like: x.astype(like.dtype), params, self.model_dtypes)
+    def _weights(self, trainable, frozen):
+        """The model's parameters, in its dtypes, from the trained tree: the float32 masters, or
+        the frozen weights with the LoRA adapters merged in."""
+        full = trainable if frozen["base"] is None else lora.merged(
+            frozen["base"], trainable, scale=self.config.lora_alpha / self.config.lora_rank)
+        return jax.tree.map(lambda x, like: x.astype(like.dtype), full, self.model_dtypes)
 
-    def _scores(self, params, rest, rows, *, with_entropy: bool):
-        return _token_scores(self.graphdef, self._in_model_dtypes(params), rest, rows,
+    def _scores(self, params, frozen, rows, *, with_entropy: bool):
+        return _token_scores(self.graphdef, self._weights(params, frozen), frozen["rest"], rows,
                              self._temperature, with_entropy=with_entropy)
 
     @property
@@ -231,14 +252,14 @@ class Learner:
             for begin in range(0, count, size):
                 index = np.arange(begin, min(begin + size, count))
                 chunk = _padded_rows({key: rows[key] for key in ("tokens", "mask")}, index, size)
-                logp, entropy = self._score(params, self.rest, chunk, with_entropy=with_entropy)
+                logp, entropy = self._score(params, self.frozen, chunk, with_entropy=with_entropy)
                 logps.append(np.asarray(logp)[:len(index)])
                 if with_entropy:
                     entropies.append(np.asarray(entropy)[:len(index)])
         return np.concatenate(logps), np.concatenate(entropies) if with_entropy else None
 
-    def _critic_values(self, critic, rest, rows):
-        return critics.values(self.graphdef, self._in_model_dtypes(critic["trunk"]), rest,
+    def _critic_values(self, critic, frozen, rows):
+        return critics.values(self.graphdef, self._weights(critic["trunk"], frozen), frozen["rest"],
                               critic["head"], rows)
 
     def values(self, rows: dict[str, np.ndarray]) -> np.ndarray:
@@ -250,12 +271,12 @@ class Learner:
             for begin in range(0, count, size):
                 index = np.arange(begin, min(begin + size, count))
                 chunk = _padded_rows({key: rows[key] for key in ("tokens", "mask")}, index, size)
-                out.append(np.asarray(self._values(self.critic, self.rest, chunk))[:len(index)])
+                out.append(np.asarray(self._values(self.critic, self.frozen, chunk))[:len(index)])
         return np.concatenate(out)
 
-    def _train_critic_step(self, critic, opt_state, rest, rows):
+    def _train_critic_step(self, critic, opt_state, frozen, rows):
         def loss_fn(critic):
-            predicted = self._critic_values(critic, rest, rows)
+            predicted = self._critic_values(critic, frozen, rows)
             loss, _ = value_loss(predicted, rows["old_values"], rows["returns"], rows["value_mask"],
                                  clip=self.config.loss.value_clip)
             return loss
@@ -264,9 +285,9 @@ class Learner:
         updates, opt_state = self.critic_tx.update(grads, opt_state, critic)
         return optax.apply_updates(critic, updates), opt_state, loss
 
-    def _prm_gradient(self, prm, rest, rows):
+    def _prm_gradient(self, prm, frozen, rows):
         def weighted_logp(prm):
-            logp, _ = _token_scores(self.graphdef, self._in_model_dtypes(prm), rest, rows,
+            logp, _ = _token_scores(self.graphdef, self._weights(prm, frozen), frozen["rest"], rows,
                                     self._temperature, with_entropy=False)
             return jnp.sum(jnp.where(rows["action_mask"], rows["weight"] * logp, 0.0))
 
@@ -296,7 +317,7 @@ class Learner:
                 chunk = _padded_rows({"tokens": rows["tokens"], "mask": rows["mask"],
                                       "action_mask": rows["action_mask"], "weight": weights},
                                      np.arange(begin, min(begin + size, count)), size)
-                part = self._prm_chunk_gradient(self.prm, self.rest, chunk)
+                part = self._prm_chunk_gradient(self.prm, self.frozen, chunk)
                 grads = part if grads is None else jax.tree.map(jnp.add, grads, part)
             updates, self.prm_opt_state = self.prm_tx.update(grads, self.prm_opt_state, self.prm)
             self.prm = optax.apply_updates(self.prm, updates)
@@ -305,11 +326,11 @@ class Learner:
             return before, out
         return _to_tokens(self.score(self.prm, rows, with_entropy=False)[0], rows, tokens), out
 
-    def _train_step(self, params, opt_state, rest, rows):
+    def _train_step(self, params, opt_state, frozen, rows):
         loss_config = self.config.loss
 
         def loss_fn(params):
-            logp, _ = _token_scores(self.graphdef, self._in_model_dtypes(params), rest, rows,
+            logp, _ = _token_scores(self.graphdef, self._weights(params, frozen), frozen["rest"], rows,
                                     self._temperature, with_entropy=False)
             loss, _ = policy_loss(loss_config, logp, rows["old_logp"], rows["advantages"],
                                   rows["action_mask"])
@@ -368,12 +389,12 @@ class Learner:
                 for begin in range(0, count, size):
                     chunk = _padded_rows(rows, shuffled[begin:begin + size], size)
                     self.params, self.opt_state, metrics = self._step(self.params, self.opt_state,
-                                                                      self.rest, chunk)
+                                                                      self.frozen, chunk)
                     if self.critic is not None:
                         self.critic, self.critic_opt_state, metrics["loss/value"] = self._critic_step(
-                            self.critic, self.critic_opt_state, self.rest, chunk)
+                            self.critic, self.critic_opt_state, self.frozen, chunk)
                     history.append(metrics)
-        nnx.update(self.qwen.model, self._in_model_dtypes(self.params))
+        nnx.update(self.qwen.model, self._merge(self.params, self.frozen))
         out = {key: float(np.mean([float(m[key]) for m in history])) for key in history[0]}
         out["rows"] = float(count)
         return {**out, **prm_metrics}
@@ -461,7 +482,7 @@ class Learner:
         self.critic_opt_state = tree.get("critic_opt", self.critic_opt_state)
         self.prm = tree.get("prm", self.prm)
         self.prm_opt_state = tree.get("prm_opt", self.prm_opt_state)
-        nnx.update(self.qwen.model, self._in_model_dtypes(self.params))
+        nnx.update(self.qwen.model, self._merge(self.params, self.frozen))
 
 
 def _token_positions(rows: dict[str, np.ndarray], tokens) -> list[tuple[int, np.ndarray, np.ndarray]]:

@@ -101,6 +101,9 @@ class TrainConfig:
         Qwen3 chat model loaded with tunix from the Hugging Face folder
         `model_dir`, in `param_dtype` "float32" or "bfloat16";
         `stepcredit.train.qwen`).
+      lora_rank, lora_alpha: with policy "qwen", 0 trains every weight and
+        r >= 1 trains rank-r LoRA adapters scaled by alpha / r over frozen
+        weights (`stepcredit.llm.lora`; alpha 32 as in verl's examples).
 
     `stepcredit.train.build.resolve` writes out every value derived from
     these (the estimator's full hyperparameters, the loss's critic weight,
@@ -159,6 +162,8 @@ class TrainConfig:
     policy: str = "word"
     model_dir: str | None = None
     param_dtype: str = "float32"
+    lora_rank: int = 0
+    lora_alpha: float = 32.0
 
     def __post_init__(self):
         positive = {"iterations": self.iterations, "tasks_per_iteration": self.tasks_per_iteration,
@@ -200,6 +205,10 @@ class TrainConfig:
         if self.policy not in POLICIES or (self.policy == "qwen") != (self.model_dir is not None):
             raise ValueError(f"TrainConfig: policy={self.policy!r} with model_dir={self.model_dir!r}; "
                              f"policy is one of {POLICIES}, and model_dir is given with 'qwen' only")
+        if self.lora_rank < 0 or (self.lora_rank and self.policy != "qwen") or not self.lora_alpha > 0:
+            raise ValueError(f"TrainConfig: lora_rank={self.lora_rank}, lora_alpha={self.lora_alpha} with "
+                             f"policy={self.policy!r}; LoRA (rank >= 1, alpha > 0) adapts policy 'qwen' "
+                             "only, and rank 0 trains every weight")
         if self.param_dtype not in ("float32", "bfloat16"):
             raise ValueError(f"TrainConfig: param_dtype={self.param_dtype!r}; expected 'float32' or "
                              "'bfloat16'")

@@ -15,6 +15,7 @@ state and the reference.
 Settings of `TrainConfig` this path does not implement are refused in one
 line naming them (`unsupported_settings`), as are estimators that read
 Monte Carlo values, a progress estimator, answer beliefs or rollout trees.
+`lora_rank` > 0 trains LoRA adapters instead of every weight.
 Critic estimators (step GAE, turn PPO, token GAE) train a value-head copy of
 the model beside the policy (`stepcredit.llm.critic`), PRM estimators (iStar,
 PRIME) a PRM copy (`stepcredit.llm.learn`).
@@ -44,6 +45,7 @@ HONOURED = frozenset({
     "group_size", "seed", "max_steps", "learning_rate", "weight_decay", "grad_clip", "epochs",
     "minibatch_rows", "eval_every", "eval_tasks", "eval_temperature", "checkpoint_every", "logdir",
     "time_limit_minutes", "policy", "model_dir", "param_dtype", "prm_learning_rate", "prm_rewards_from",
+    "lora_rank", "lora_alpha",
     "rollout.temperature", "rollout.max_action_tokens", "rollout.history_window",
     "rollout.invalid_action_penalty",
     "loss.clip_low", "loss.clip_high", "loss.agg", "loss.max_response_length", "loss.step_level_ratio",
@@ -140,7 +142,8 @@ class QwenTrainer(Trainer):
             window=c.rollout.history_window, invalid_action_penalty=c.rollout.invalid_action_penalty,
             learning_rate=c.learning_rate, weight_decay=c.weight_decay, grad_clip=c.grad_clip,
             epochs=c.epochs, minibatch_rows=c.minibatch_rows, prm_learning_rate=c.prm_learning_rate,
-            prm_rewards_from=c.prm_rewards_from, loss=c.loss, seed=c.seed)
+            prm_rewards_from=c.prm_rewards_from, lora_rank=c.lora_rank, lora_alpha=c.lora_alpha,
+            loss=c.loss, seed=c.seed)
         self.learner = learn.Learner(self.qwen, self.learn_config)
         probe = make_env(c, "train")
         self.num_train_tasks = probe.num_tasks

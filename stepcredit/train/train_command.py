@@ -155,6 +155,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model-dir", default=None,
                         help="with --policy qwen, a Hugging Face folder: config.json, *.safetensors, "
                              "tokenizer.json")
+    parser.add_argument("--lora-rank", type=int, default=0,
+                        help="with --policy qwen, train rank-r LoRA adapters on every attention and "
+                             "MLP projection instead of every weight (0: full fine-tuning)")
+    parser.add_argument("--lora-alpha", type=float, default=32.0,
+                        help="with --lora-rank, the adapters' scale alpha / r")
     parser.add_argument("--param-dtype", choices=("float32", "bfloat16"), default="float32",
                         help="with --policy qwen, the dtype of the parameters and activations")
     parser.add_argument("--free-choice", dest="constrain_choice", action="store_false",
@@ -215,6 +220,7 @@ def config_from_args(args: argparse.Namespace):
         critic_warmup_iterations=args.critic_warmup,
         minibatch_rows=args.minibatch_rows, d_model=args.d_model, num_layers=args.num_layers,
         policy=args.policy, model_dir=args.model_dir, param_dtype=args.param_dtype,
+        lora_rank=args.lora_rank, lora_alpha=args.lora_alpha,
         loss=loss, rollout=RolloutConfig(temperature=args.temperature,
                                          **({} if args.max_prompt_tokens is None else
                                             {"max_prompt_tokens": args.max_prompt_tokens}),

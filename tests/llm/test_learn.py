@@ -99,7 +99,7 @@ def test_a_minibatch_padded_with_empty_rows_takes_the_step_of_the_unpadded_one(t
                                   ).astype(np.float32)
     index = np.arange(3)
     with jax.set_mesh(learner.qwen.mesh):
-        steps = [learner._step(learner.params, learner.opt_state, learner.rest,
+        steps = [learner._step(learner.params, learner.opt_state, learner.frozen,
                                learn._padded_rows(rows, index, size))[0] for size in (3, 8)]
     for exact, padded in zip(jax.tree.leaves(steps[0]), jax.tree.leaves(steps[1])):
         np.testing.assert_allclose(padded, exact, atol=1e-6)
@@ -199,7 +199,8 @@ def test_the_prm_step_accumulated_over_chunks_is_the_whole_batch_gradient_step(t
     assert metrics["prm/num_pairs"] == 2
 
     def whole_batch_loss(prm):  # every answer is 2 tokens after the same 5-token prompt
-        logp, _ = learn._token_scores(learner.graphdef, prm, learner.rest, rows, 1.0, with_entropy=False)
+        logp, _ = learn._token_scores(learner.graphdef, prm, learner.frozen["rest"], rows, 1.0,
+                                      with_entropy=False)
         return trajectory_preference_loss(logp[:, 5:7], old_logp[:, :2], tokens.action_mask[:, :2],
                                           tokens.step_index[:, :2], steps.score > 0, steps.group_id,
                                           beta=learner.estimator_config["beta"])[0]
@@ -212,3 +213,34 @@ def test_the_prm_step_accumulated_over_chunks_is_the_whole_batch_gradient_step(t
         np.testing.assert_allclose(got, want, atol=1e-6)
     assert max(float(np.abs(a - b).max()) for a, b in
                zip(jax.tree.leaves(learner.prm), jax.tree.leaves(start))) > 1e-4
+
+
+def test_lora_starts_at_the_pretrained_model_and_trains_only_its_adapters(tmp_path):
+    from stepcredit.llm import lora
+
+    learner = _learner(tmp_path, estimator="grpo", learning_rate=1e-2, lora_rank=2, lora_alpha=4.0,
+                       loss=LossConfig(kl_coef=0.1))
+    base = jax.tree.map(np.array, learner.frozen["base"])
+    adapted = set(learner.params)  # the decoder layers' kernels, none of the embeddings or norms
+    assert len(adapted) == 2 * 7 and all("'layers'" in name and "norm" not in name for name in adapted)
+    assert learner.params[next(iter(adapted))]["a"].shape[-1] == 2
+    trajectories, rows = _group(learner, [[30, 31], [40, 41]], [1.0, 0.0])
+    full = _learner(tmp_path / "full")  # B = 0: the adapted model scores as the pretrained one
+    np.testing.assert_allclose(learner.score(learner.params, rows, with_entropy=False)[0],
+                               full.score(full.params, rows, with_entropy=False)[0], atol=1e-6)
+    before = _action_logp(learner, rows)
+    metrics = learner.learn(trajectories, iteration=0)
+    after = _action_logp(learner, rows)
+    assert after[0] > before[0] and after[1] < before[1] and "loss/kl" in metrics
+    for frozen, start in zip(jax.tree.leaves(learner.frozen["base"]), jax.tree.leaves(base)):
+        np.testing.assert_array_equal(frozen, start)
+    # the model the sampler holds is the pretrained weights with the adapters merged in
+    held = nnx.state(learner.qwen.model, nnx.Param)
+    expected = lora.merged(learner.frozen["base"], learner.params, scale=4.0 / 2)
+    moved = 0
+    for got, want, start in zip(jax.tree.leaves(held), jax.tree.leaves(expected), jax.tree.leaves(base)):
+        np.testing.assert_allclose(got, want, atol=1e-6)
+        moved += int(np.abs(np.asarray(want) - start).max() > 0)
+    assert moved == len(adapted)
+    with pytest.raises(ValueError, match="lora.init: rank=0; it must be >= 1"):
+        lora.init(learner.frozen["base"], rank=0, hidden_size=32, key=jax.random.key(0))
