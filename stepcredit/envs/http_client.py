@@ -226,6 +226,8 @@ class HttpEnv:
         self.name: str = name or served.get("name", self.schema.name)
         # A server without a step limit answers `max_steps: null`: the schema's applies.
         self.max_steps: int = max_steps or int(served.get("max_steps") or self.schema.max_steps)
+        # The task count a stepcredit server reports (None from AgentGym's servers).
+        self.num_tasks: int | None = served.get("num_tasks")
         # Retried like an idempotent request: a create that timed out but succeeded
         # leaves an orphan instance on the server, which beats failing a batch.
         created, self._boot = self._request("POST", "/create", json=dict(self.schema.create_body),

@@ -47,7 +47,8 @@ client shows (see `agentgym_dialects`):
 In "webshop" and "searchqa" an error is an HTTP error status (400 for a
 client's mistake, 500 for an environment's failure) with `{"detail": ...}`:
 their clients assert a 200, and the original servers have no error answers.
-Every dialect answers `GET /info` (environment name, step limit, dialect) and
+Every dialect answers `GET /info` (environment name, step limit, dialect, task
+count where the environment has one) and
 `GET /stats` (live and expired instances, the boot id, requests per path).
 
 Step limit (`create_app(max_steps=...)`, `stepcredit serve --max-steps`): none by
@@ -422,7 +423,9 @@ def create_app(env_factory: EnvFactory, *, dialect: str = "id", max_envs: int = 
         limit: int | None = int(probe.max_steps)
     else:
         limit = max_steps or None
-    info = {"name": probe.name, "max_steps": limit, "dialect": dialect}
+    num_tasks = getattr(probe, "num_tasks", None)
+    info = {"name": probe.name, "max_steps": limit, "dialect": dialect,
+            "num_tasks": None if num_tasks is None else int(num_tasks)}
     probe.close()
     # The native dialects' default keeps the environment as it is.
     factory = env_factory if native and max_steps is None else (

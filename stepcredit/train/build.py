@@ -11,7 +11,7 @@ run's `config.json` says what ran. `build(config)` makes the parts.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, NamedTuple
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -20,6 +20,7 @@ from flax import nnx
 
 from stepcredit import advantages as adv
 from stepcredit.envs import registry as env_registry
+from stepcredit.envs import specs as env_specs
 from stepcredit.envs import require_snapshots
 from stepcredit.models.tokenizer import WordTokenizer
 from stepcredit.models.transformer import TransformerConfig, TransformerPolicy
@@ -34,12 +35,10 @@ DEFAULT_VALUE_COEF = 0.5
 
 
 def make_env(config: TrainConfig, split: str, max_steps: int | None = None):
-    """An environment of `config.env` on `split`, with the run's step limit unless given."""
-    kwargs: dict[str, Any] = {"split": split, "difficulty": config.difficulty, "seed": config.seed}
-    max_steps = config.max_steps if max_steps is None else max_steps
-    if max_steps is not None:
-        kwargs["max_steps"] = max_steps
-    return env_registry.make(config.env, **kwargs)
+    """An environment of `config.env` (a spec of `stepcredit.envs.specs`) on `split`, with the
+    run's step limit unless given."""
+    return env_specs.make(config.env, split=split, difficulty=config.difficulty, seed=config.seed,
+                          max_steps=config.max_steps if max_steps is None else max_steps)
 
 
 def check_snapshots(config: TrainConfig, purpose: str) -> None:

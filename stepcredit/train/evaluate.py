@@ -13,9 +13,10 @@ from stepcredit.train.config import TrainConfig
 
 
 def test_split(env) -> str:
-    """The held-out split of an environment: "test", else its first non-train split."""
+    """The held-out split of an environment: "test", else its first non-train split, else
+    "train" (an environment of one split, `stepcredit.envs.specs`, is evaluated on its tasks)."""
     splits = getattr(env, "splits", ("test",))
-    return "test" if "test" in splits else next(s for s in splits if s != "train")
+    return "test" if "test" in splits else next((s for s in splits if s != "train"), "train")
 
 
 def evaluate(graphdef, state, tokenizer, config: TrainConfig, *, num_tasks: int,

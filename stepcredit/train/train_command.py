@@ -23,7 +23,9 @@ def _ints(text: str) -> tuple[int, ...]:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--env", default="alfworld", help="a registered environment")
+    parser.add_argument("--env", default="alfworld",
+                        help="a registered environment; with --policy qwen also a served one, "
+                             "http://HOST:PORT[?schema=NAME&tasks=N], or textworld:GLOB")
     parser.add_argument("--difficulty", type=int, default=0, help="simulator difficulty (0: easiest)")
     parser.add_argument("--estimator", default="grpo", help="registered estimator name")
     parser.add_argument("--set", dest="estimator_config", type=_pair, action="append", default=[],
@@ -234,6 +236,7 @@ def config_from_args(args: argparse.Namespace):
 
 def run(args: argparse.Namespace) -> int:
     from stepcredit import advantages
+    from stepcredit.envs import specs as env_specs
     from stepcredit.train.build import with_fitted_prompt_budget
     from stepcredit.train.trainer import Trainer
 
@@ -246,6 +249,10 @@ def run(args: argparse.Namespace) -> int:
         initialize_processes(args.coordinator, args.num_processes, args.process_id)
     config = config_from_args(args)
     advantages.get(config.estimator).resolve(dict(config.estimator_config))  # before any work
+    if config.policy == "word" and env_specs.kind(config.env) != "registered":
+        raise ValueError(f"--env {config.env!r}: the word-level policy trains on a registered "
+                         "environment (its vocabulary is built from the simulator's); served and "
+                         "TextWorld environments need --policy qwen")
     if config.policy == "qwen":
         from stepcredit.train.qwen import QwenTrainer
 

@@ -404,7 +404,8 @@ def test_stepcredit_serve_runs_a_dialect_with_a_step_limit():
     options = ("--max-steps", "2")
     with start_server_process("hotpotqa", dialect="searchqa", options=options) as server:
         assert httpx.get(f"{server.url}/info", timeout=TIMEOUT).json() == {
-            "name": "hotpotqa", "max_steps": 2, "dialect": "searchqa"}
+            "name": "hotpotqa", "max_steps": 2, "dialect": "searchqa",
+            "num_tasks": registry.make("hotpotqa").num_tasks}
         client = SearchQAClient(server.url)
         assert "Question: " in client.reset(0)
         assert [client.step("<search> Rosa Moreau </search>")[2] for _ in range(2)] == [

@@ -40,7 +40,8 @@ def test_dialect_shapes(client):
     assert client.get("/observation", params={key: idx}).json() == "The counter shows 1."
     assert client.get("/available_actions", params={key: idx}).json() == ["inc", "dec", "hang"]
     assert client.post("/close", json={key: idx}).json() is True
-    assert client.get("/info").json() == {"name": "counter", "max_steps": 3, "dialect": key}
+    assert client.get("/info").json() == {"name": "counter", "max_steps": 3, "dialect": key,
+                                          "num_tasks": None}  # the counter has no task count
 
 
 def test_truncation_sets_done_for_agentgym_clients(client):

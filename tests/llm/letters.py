@@ -3,11 +3,12 @@
 Each step's reward is the share of the answer's characters that are lowercase
 letters, less a third (an episode whose rewards sum above 0 is a success for
 iStar's PRM); an episode is cut by its step limit (a critic bootstraps it) and
-is won when at least half of its last answer is lowercase letters. With tiny random checkpoints on the simulators every answer is
-an invalid action, so a group's rewards are all equal and critic-free
-advantages are 0; here they differ, so a training iteration must move the
-policy (and iStar's PRM finds won and lost episodes to compare). Registered by
-the tests that use it, for their duration (`stepcredit.envs.register`).
+is won when at least half of its last answer is lowercase letters. With tiny
+random checkpoints on the simulators every answer is an invalid action, so a
+group's rewards are all equal and critic-free advantages are 0; here they
+differ, so a training iteration must move the policy (and iStar's PRM finds
+won and lost episodes to compare). Registered by the tests that use it, for
+their duration (`stepcredit.envs.register`).
 """
 
 from stepcredit.envs.base import Observation, StepResult, step_info

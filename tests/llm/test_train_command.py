@@ -124,5 +124,34 @@ def test_train_policy_qwen_refuses_what_it_does_not_implement(tmp_path, capsys):
         argv = base + extra if extra[1] is not None else base[:3] + base[5:]
         assert main(argv) != 0
         assert message in capsys.readouterr().err
+    assert main(["train", "--env", "http://127.0.0.1:9", "--logdir", str(tmp_path / "word")]) != 0
+    assert "the word-level policy trains on a registered environment" in capsys.readouterr().err
     assert main(["train", "--lora-rank", "2", "--logdir", str(tmp_path / "word")]) != 0
     assert "LoRA (rank >= 1, alpha > 0) adapts policy 'qwen' only" in capsys.readouterr().err
+
+
+def test_train_policy_qwen_on_a_served_environment_and_on_textworld_games(tmp_path):
+    import subprocess
+
+    from stepcredit.envs.http_server import create_app
+    from tests.http.live_server import LiveServer
+    from tests.textworld.test_textworld_env import _tw_make
+
+    model_dir = tmp_path / "model"
+    write(model_dir, "qwen3", seed=4)
+    games = tmp_path / "games"
+    for seed in (1, 2):
+        subprocess.run([_tw_make(), "custom", "--world-size", "2", "--nb-objects", "3", "--quest-length", "2",
+                        "--seed", str(seed), "--output", str(games / f"game{seed}.z8"), "--silent"],
+                       check=True, capture_output=True, timeout=120)
+    common = ["train", "--policy", "qwen", "--model-dir", str(model_dir), *SMALL, "--iterations", "1",
+              "--eval-every", "1", "--eval-tasks", "1"]
+    with LiveServer(create_app(lambda: envs.make("hotpotqa"))) as server:
+        runs = {"served": server.url, "textworld": f"textworld:{games}/*.z8"}
+        for name, spec in runs.items():
+            assert main([*common, "--env", spec, "--logdir", str(tmp_path / name)]) == 0
+    for name in runs:
+        rows = read_metrics(str(tmp_path / name))
+        assert [row["iteration"] for row in rows if "eval/success" in row] == [-1, 0]  # train tasks
+        trained = [row for row in rows if row["iteration"] == 0 and "rows" in row]
+        assert trained and trained[0]["rows"] >= 3 and np.isfinite(trained[0]["loss/total"])
