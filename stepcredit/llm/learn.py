@@ -548,13 +548,15 @@ def _padded_rows(rows: dict[str, np.ndarray], index: np.ndarray, size: int) -> d
 
 
 def play_batch(qwen: checkpoints.Checkpoint, make_env: Callable[[], Env], tasks: Sequence[Any],
-               config: LearnConfig, *, iteration: int, max_steps: int | None = None) -> list[Trajectory]:
-    """The batch of an iteration: G episodes of each task (`rollout.play_group`), group k = task k."""
+               config: LearnConfig, *, iteration: int, round_: int = 0,
+               max_steps: int | None = None) -> list[Trajectory]:
+    """The batch of an iteration: G episodes of each task (`rollout.play_group`), group k = task k;
+    `round_` > 0 for the refills of dynamic sampling (their own sampling seeds)."""
     trajectories = []
     for k, task in enumerate(tasks):
         trajectories += rollout.play_group(
             qwen, make_env, task, group_size=config.group_size, group_id=k,
-            seed=config.seed * 100_003 + iteration * len(tasks) + k,
+            seed=config.seed * 100_003 + iteration * len(tasks) + k + round_ * 1_000_003,
             max_new_tokens=config.max_new_tokens, temperature=config.temperature,
             window=config.window, max_steps=max_steps,
             invalid_action_penalty=config.invalid_action_penalty)

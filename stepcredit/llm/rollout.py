@@ -47,7 +47,8 @@ def play_group(checkpoint: Checkpoint, make_env: Callable[[], Env], task: Any, *
         environment marks its action invalid (as the word-level rollout does).
 
     Returns:
-      G `Trajectory`s; each step's `info` holds the environment's info plus
+      G `Trajectory`s scored by the sum of their rewards (as the word-level
+      rollout's); each step's `info` holds the environment's info plus
       `text` (the model's answer) and `parse_error` (None when it parsed), and
       the last step of an episode cut by a limit `next_prompt_ids`, the prompt
       of the state it was cut in (a critic's bootstrap V(s_next)).
@@ -99,7 +100,8 @@ def play_group(checkpoint: Checkpoint, make_env: Callable[[], Env], task: Any, *
     finally:
         for env in envs:
             env.close()
-    return [Trajectory(steps=tuple(episode), group_id=group_id) for episode in steps]
+    return [Trajectory(steps=tuple(episode), group_id=group_id, score=sum(s.reward for s in episode))
+            for episode in steps]
 
 
 __all__: Sequence[str] = ("play_group",)

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import dataclasses
+from typing import Callable, Sequence
 
 import jax
 import numpy as np
 
+from stepcredit.batch import Trajectory
 from stepcredit.envs.pool import EnvPool
 from stepcredit.rollout import Rollout, collect
 from stepcredit.train import information_gain, vine
@@ -74,28 +76,50 @@ class Collector:
 
     def batch(self, policy, iteration: int, key: jax.Array, limit: int) -> tuple[Rollout, dict]:
         """One iteration's batch; with dynamic sampling, groups whose scores are all
-        equal are replaced by groups of fresh tasks (DAPO, arXiv 2503.14476)."""
+        equal are replaced by groups of fresh tasks (`informative_groups`)."""
         rollout = self.rollout(policy, self.tasks(iteration), key, limit)
         if not self.config.dynamic_sampling:
             return rollout, {}
-        g, wanted = self.config.group_size, self.config.tasks_per_iteration
-        kept, dropped, round_ = [], 0, 0
-        candidates = rollout
-        while True:
-            for start in range(0, len(candidates.trajectories), g):
-                group = candidates.trajectories[start:start + g]
-                if len({t.score for t in group}) == 1:
-                    dropped += 1
-                elif len(kept) < wanted:
-                    kept.append(group)
-            round_ += 1
-            if len(kept) >= wanted or round_ > MAX_REFILL_ROUNDS:
-                break
-            key, sub = jax.random.split(key)
-            candidates = self.rollout(policy, self.tasks(iteration, round_), sub, limit)
-        if not kept:  # every group was uniform: learn nothing rather than something wrong
-            kept = [rollout.trajectories[i:i + g] for i in range(0, len(rollout.trajectories), g)]
-        trajectories = [dataclasses.replace(t, group_id=k) for k, group in enumerate(kept)
-                        for t in group]
-        return Rollout(trajectories, rollout.metrics), {"dapo/groups_dropped": float(dropped),
-                                                        "dapo/sampling_rounds": float(round_)}
+        keys = [key]
+
+        def play_round(round_: int) -> list[Trajectory]:
+            keys[0], sub = jax.random.split(keys[0])
+            return self.rollout(policy, self.tasks(iteration, round_), sub, limit).trajectories
+
+        trajectories, metrics = informative_groups(rollout.trajectories, play_round,
+                                                   group_size=self.config.group_size,
+                                                   wanted=self.config.tasks_per_iteration)
+        return Rollout(trajectories, rollout.metrics), metrics
+
+
+def informative_groups(first: Sequence[Trajectory], play_round: Callable[[int], Sequence[Trajectory]], *,
+                       group_size: int, wanted: int) -> tuple[list[Trajectory], dict[str, float]]:
+    """DAPO's dynamic sampling (arXiv 2503.14476): the first `wanted` groups whose scores are
+    not all equal, from `first` and then from `play_round(1)`, `play_round(2)`, ... (at most
+    `MAX_REFILL_ROUNDS` more rounds), renumbered 0..; every group of `first` when none differs
+    (learn nothing rather than something wrong).
+
+    Args:
+      first: the iteration's trajectories, consecutive groups of `group_size`.
+      play_round: plays round r's fresh tasks, in the same layout.
+
+    Returns:
+      The trajectories and `dapo/groups_dropped`, `dapo/sampling_rounds`.
+    """
+    kept, dropped, round_ = [], 0, 0
+    candidates = first
+    while True:
+        for start in range(0, len(candidates), group_size):
+            group = candidates[start:start + group_size]
+            if len({t.score for t in group}) == 1:
+                dropped += 1
+            elif len(kept) < wanted:
+                kept.append(group)
+        round_ += 1
+        if len(kept) >= wanted or round_ > MAX_REFILL_ROUNDS:
+            break
+        candidates = play_round(round_)
+    if not kept:
+        kept = [first[i:i + group_size] for i in range(0, len(first), group_size)]
+    trajectories = [dataclasses.replace(t, group_id=k) for k, group in enumerate(kept) for t in group]
+    return trajectories, {"dapo/groups_dropped": float(dropped), "dapo/sampling_rounds": float(round_)}

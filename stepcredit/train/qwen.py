@@ -15,6 +15,9 @@ state and the reference.
 Settings of `TrainConfig` this path does not implement are refused in one
 line naming them (`unsupported_settings`), as are estimators that read
 Monte Carlo values, a progress estimator, answer beliefs or rollout trees.
+DAPO's dynamic sampling (`dynamic_sampling`, or the estimator's recipe) refills
+the batch with fresh tasks in place of groups whose scores are all equal
+(`collection.informative_groups`, as the word-level run).
 `lora_rank` > 0 trains LoRA adapters instead of every weight.
 Critic estimators (step GAE, turn PPO, token GAE) train a value-head copy of
 the model beside the policy (`stepcredit.llm.critic`), PRM estimators (iStar,
@@ -34,7 +37,7 @@ import numpy as np
 from stepcredit import advantages as adv
 from stepcredit.train.build import make_env
 from stepcredit.train.checkpoint import Checkpointer
-from stepcredit.train.collection import iteration_tasks
+from stepcredit.train.collection import informative_groups, iteration_tasks
 from stepcredit.train.config import TrainConfig
 from stepcredit.train.evaluate import test_split
 from stepcredit.train.trainer import Trainer, write_whole
@@ -45,7 +48,7 @@ HONOURED = frozenset({
     "group_size", "seed", "max_steps", "learning_rate", "weight_decay", "grad_clip", "epochs",
     "minibatch_rows", "eval_every", "eval_tasks", "eval_temperature", "checkpoint_every", "logdir",
     "time_limit_minutes", "policy", "model_dir", "param_dtype", "prm_learning_rate", "prm_rewards_from",
-    "lora_rank", "lora_alpha",
+    "lora_rank", "lora_alpha", "dynamic_sampling",
     "rollout.temperature", "rollout.max_action_tokens", "rollout.history_window",
     "rollout.invalid_action_penalty",
     "loss.clip_low", "loss.clip_high", "loss.agg", "loss.max_response_length", "loss.step_level_ratio",
@@ -81,8 +84,6 @@ def check_config(config: TrainConfig) -> None:
     missing = [what for need, what in _MISSING_INPUTS if getattr(entry, need)]
     if entry.recipe.rollout_trees:
         missing.append("rollout trees")
-    if entry.recipe.dynamic_sampling:
-        missing.append("dynamic sampling")
     if missing:
         raise ValueError(f"--policy qwen: estimator {config.estimator!r} needs {', '.join(missing)}, "
                          "which the Qwen path does not provide yet")
@@ -145,6 +146,9 @@ class QwenTrainer(Trainer):
             prm_rewards_from=c.prm_rewards_from, lora_rank=c.lora_rank, lora_alpha=c.lora_alpha,
             loss=c.loss, seed=c.seed)
         self.learner = learn.Learner(self.qwen, self.learn_config)
+        entry = adv.get(c.estimator)
+        self.dynamic_sampling = (entry.recipe.dynamic_sampling if c.dynamic_sampling is None
+                                 else c.dynamic_sampling)
         probe = make_env(c, "train")
         self.num_train_tasks = probe.num_tasks
         probe.close()
@@ -156,11 +160,19 @@ class QwenTrainer(Trainer):
         from stepcredit.llm import learn
 
         tick = time.perf_counter()
-        tasks = iteration_tasks(self.config, iteration, self.num_train_tasks)
-        trajectories = learn.play_batch(self.qwen, lambda: make_env(self.config, "train"), tasks,
-                                        self.learn_config, iteration=iteration)
+
+        def play(round_: int):
+            tasks = iteration_tasks(self.config, iteration, self.num_train_tasks, round_=round_)
+            return learn.play_batch(self.qwen, lambda: make_env(self.config, "train"), tasks,
+                                    self.learn_config, iteration=iteration, round_=round_)
+
+        trajectories, dapo = play(0), {}
+        if self.dynamic_sampling:
+            trajectories, dapo = informative_groups(trajectories, play, group_size=self.config.group_size,
+                                                    wanted=self.config.tasks_per_iteration)
         played = time.perf_counter()
         metrics = {f"rollout/{k}": v for k, v in episode_metrics(trajectories).items()}
+        metrics.update(dapo)
         metrics.update(self.learner.learn(trajectories, iteration=iteration))
         metrics["time/rollout"] = played - tick
         metrics["time/update"] = time.perf_counter() - played

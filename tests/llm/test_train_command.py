@@ -48,7 +48,8 @@ def toy_env():
     ("qwen3", "hotpotqa", "grpo+empg", ["--step-level-ratio"], False),
     ("qwen2", letters.NAME, "step_gae", ["--step-level-ratio"], False),
     ("qwen3", letters.NAME, "rloo+istar", ["--prm-learning-rate", "1e-3", "--group-size", "4"], False),
-    ("qwen2", letters.NAME, "grpo", ["--lora-rank", "4", "--learning-rate", "1e-2"], False)])
+    ("qwen2", letters.NAME, "grpo", ["--lora-rank", "4", "--learning-rate", "1e-2"], False),
+    ("qwen3", letters.NAME, "dapo+empg", [], False)])
 def test_train_policy_qwen_learns_logs_checkpoints_and_resumes(tmp_path, toy_env, family, env, estimator,
                                                                extra, resume):
     model_dir, logdir = tmp_path / "model", tmp_path / "run"
@@ -66,12 +67,15 @@ def test_train_policy_qwen_learns_logs_checkpoints_and_resumes(tmp_path, toy_env
     prm = estimator == "rloo+istar"  # its PRM copy takes a preference step each iteration
     assert all(("prm/loss" in row) == prm and np.isfinite(row.get("prm/loss", 0.0)) for row in trained)
     assert all(row["prm/num_pairs"] > 0 for row in trained if prm)
+    dapo = estimator == "dapo+empg"  # DAPO's recipe: dynamic sampling and clip-higher
+    assert all(("dapo/sampling_rounds" in row) == dapo for row in trained)
     if "--eval-every" in extra:  # the initial policy and the last iteration are evaluated
         assert [row["iteration"] for row in rows if "eval/success" in row] == [-1, 0]
         assert all(row["loss/kl"] >= 0 for row in trained)
     saved = json.loads((logdir / "config.json").read_text())
     assert saved["policy"] == "qwen" and saved["estimator"] == estimator
     assert saved["lora_rank"] == (4 if "--lora-rank" in extra else 0)
+    assert saved["loss"]["clip_high"] == (0.28 if estimator == "dapo+empg" else 0.2)
     assert saved["loss"]["step_level_ratio"] == ("--step-level-ratio" in extra)
 
     # The newest checkpoint holds the trained parameters: they moved away from the folder's.
