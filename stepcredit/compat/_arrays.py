@@ -139,6 +139,10 @@ def step_indices(values, name: str, size: int, fn: str) -> np.ndarray:
     raw = host(values).reshape(-1)
     if raw.shape[0] != size:
         raise ValueError(f"{fn}: {name} has {raw.shape[0]} entries for {size} rows")
+    # Text such as "1" would convert to a number; verl's object arrays of ints must.
+    text = [v for v in raw.tolist() if isinstance(v, (str, bytes))] if raw.dtype.kind in "USO" else []
+    if text:
+        raise TypeError(f"{fn}: {name} holds text such as {text[0]!r}; steps are numbers")
     try:
         numbers = raw.astype(np.float64)
     except (TypeError, ValueError):

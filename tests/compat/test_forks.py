@@ -249,6 +249,14 @@ def test_step_index_messages():
     with pytest.raises(ValueError, match=r"step_indices holds \d\.5 at row \d+; steps are whole numbers"):
         istar.compute_istar_rloo_advantage(batch)
     batch = _istar_batch(d)
+    batch.non_tensor_batch["step_indices"] = d["step"].astype(str)  # "1" is text, not a step
+    with pytest.raises(TypeError, match="step_indices holds text such as '0'; steps are numbers"):
+        istar.compute_istar_rloo_advantage(batch)
+    batch = _istar_batch(d)
+    batch.non_tensor_batch["step_indices"] = d["step"].astype(object)  # verl's object arrays pass
+    np.testing.assert_allclose(istar.compute_istar_rloo_advantage(batch)[0].numpy(),
+                               istar.compute_istar_rloo_advantage(_istar_batch(d))[0].numpy())
+    batch = _istar_batch(d)
     steps = d["step"].copy()
     steps[np.flatnonzero(steps > 0)[0]] = 0
     batch.non_tensor_batch["step_indices"] = steps
