@@ -35,6 +35,7 @@ sum_n (dL/dl_n) l_n(phi). The step rewards come from the PRM after the step
 from __future__ import annotations
 
 import dataclasses
+import functools
 from typing import Any, Callable, Sequence
 
 import jax
@@ -44,7 +45,7 @@ import optax
 from flax import nnx
 
 from stepcredit.advantages import registry, trajectory_preference_loss
-from stepcredit.batch import Trajectory, collate
+from stepcredit.batch import StepRecord, Trajectory, collate
 from stepcredit.credit import compute_advantages
 from stepcredit.envs.base import Env
 from stepcredit.llm import checkpoint as checkpoints
@@ -52,6 +53,7 @@ from stepcredit.llm import critic as critics
 from stepcredit.llm import lora
 from stepcredit.llm import rollout
 from stepcredit.losses import kl_loss, value_loss
+from stepcredit.train import information_gain
 from stepcredit.train.update import LossConfig, make_optimizer, policy_loss
 
 
@@ -191,37 +193,40 @@ class Learner:
                                     key=jax.random.key(config.seed))
         else:
             self.frozen = {"rest": rest, "base": None}
-            self.params = jax.tree.map(_master, params)
+            self.params = _compiled_map(_master, params)
         self.tx = make_optimizer(learning_rate=config.learning_rate,
                                  weight_decay=config.weight_decay, grad_clip=config.grad_clip)
-        self.opt_state = self.tx.init(self.params)
+        self.opt_state = jax.jit(self.tx.init)(self.params)
         # The reference is the initial model: its parameters, or the initial (B = 0) adapters.
         initial = self.params if config.lora_rank else params
-        self.reference = jax.tree.map(jnp.copy, initial) if config.loss.kl_coef else None
+        self.reference = _compiled_map(jnp.copy, initial) if config.loss.kl_coef else None
         entry = registry.get(config.estimator)
         self.estimator_config = entry.resolve(dict(config.estimator_config))
         self._step = jax.jit(self._train_step)
         self._merge = jax.jit(self._weights)
         self._score = jax.jit(self._scores, static_argnames="with_entropy")
         self.needs_entropy = entry.needs_entropy
+        self.needs_information_gain = entry.needs_information_gain
         self.critic_level = ("step" if "step_values" in entry.fields else
                              "token" if "token_values" in entry.fields else None)
         self.critic = self.critic_opt_state = None
         if self.critic_level is not None:
-            self.critic = {"trunk": jax.tree.map(jnp.copy, self.params),
+            self.critic = {"trunk": _compiled_map(jnp.copy, self.params),
                            "head": critics.init_head(qwen.model.config.embed_dim)}
             self.critic_tx = make_optimizer(learning_rate=config.critic_learning_rate,
                                             weight_decay=config.weight_decay, grad_clip=config.grad_clip)
-            self.critic_opt_state = self.critic_tx.init(self.critic)
+            self.critic_opt_state = jax.jit(self.critic_tx.init)(self.critic)
             self._values = jax.jit(self._critic_values)
             self._critic_step = jax.jit(self._train_critic_step)
         self.prm = self.prm_opt_state = None
         if entry.needs_prm:
-            self.prm = jax.tree.map(jnp.copy, self.params)
+            self.prm = _compiled_map(jnp.copy, self.params)
             self.prm_tx = make_optimizer(learning_rate=config.prm_learning_rate, weight_decay=0.0,
                                          grad_clip=10.0)
-            self.prm_opt_state = self.prm_tx.init(self.prm)
-            self._prm_chunk_gradient = jax.jit(self._prm_gradient)
+            self.prm_opt_state = jax.jit(self.prm_tx.init)(self.prm)
+            self._prm_accumulate = jax.jit(self._prm_gradient, donate_argnums=3)
+            self._prm_step = jax.jit(self._prm_apply)
+
 
     def _weights(self, trainable, frozen):
         """The model's parameters, in its dtypes, from the trained tree: the float32 masters, or
@@ -285,13 +290,17 @@ class Learner:
         updates, opt_state = self.critic_tx.update(grads, opt_state, critic)
         return optax.apply_updates(critic, updates), opt_state, loss
 
-    def _prm_gradient(self, prm, frozen, rows):
+    def _prm_gradient(self, prm, frozen, rows, grads):
         def weighted_logp(prm):
             logp, _ = _token_scores(self.graphdef, self._weights(prm, frozen), frozen["rest"], rows,
                                     self._temperature, with_entropy=False)
             return jnp.sum(jnp.where(rows["action_mask"], rows["weight"] * logp, 0.0))
 
-        return jax.grad(weighted_logp)(prm)
+        return jax.tree.map(jnp.add, grads, jax.grad(weighted_logp)(prm))
+
+    def _prm_apply(self, prm, opt_state, grads):
+        updates, opt_state = self.prm_tx.update(grads, opt_state, prm)
+        return optax.apply_updates(prm, updates), opt_state
 
     def update_prm(self, rows: dict[str, np.ndarray], tokens, steps, old_logp: np.ndarray
                    ) -> tuple[np.ndarray, dict[str, float]]:
@@ -311,16 +320,14 @@ class Learner:
         weights = _to_rows(np.asarray(upstream), rows, tokens)
         count = rows["tokens"].shape[0]
         size = self._rows_per_call(count)
-        grads = None
-        with jax.set_mesh(self.qwen.mesh):
+        with jax.set_mesh(self.qwen.mesh):  # compiled throughout: no op-by-op dispatch of the tree
+            grads = _compiled_map(jnp.zeros_like, self.prm)
             for begin in range(0, count, size):
                 chunk = _padded_rows({"tokens": rows["tokens"], "mask": rows["mask"],
                                       "action_mask": rows["action_mask"], "weight": weights},
                                      np.arange(begin, min(begin + size, count)), size)
-                part = self._prm_chunk_gradient(self.prm, self.frozen, chunk)
-                grads = part if grads is None else jax.tree.map(jnp.add, grads, part)
-            updates, self.prm_opt_state = self.prm_tx.update(grads, self.prm_opt_state, self.prm)
-            self.prm = optax.apply_updates(self.prm, updates)
+                grads = self._prm_accumulate(self.prm, self.frozen, chunk, grads)
+            self.prm, self.prm_opt_state = self._prm_step(self.prm, self.prm_opt_state, grads)
         out = {"prm/loss": float(loss), **{f"prm/{key}": float(value) for key, value in metrics.items()}}
         if self.config.prm_rewards_from == "pre_update_prm":
             return before, out
@@ -346,10 +353,34 @@ class Learner:
         updates, opt_state = self.tx.update(grads, opt_state, params)
         return optax.apply_updates(params, updates), opt_state, metrics
 
-    def learn(self, trajectories: Sequence[Trajectory], *, iteration: int) -> dict[str, float]:
+    def answer_beliefs(self, trajectories: Sequence[Trajectory], prefix: Sequence[int] | None
+                       ) -> np.ndarray:
+        """IGPO's `[B, T]` beliefs b_t (arXiv 2510.14967): the mean log-prob of trajectory b's
+        `answer` teacher-forced after step t's prompt and `prefix` (the answer action's ids
+        before the answer, e.g. those of `<action>finish[`) under the policy that sampled the
+        batch; 0 where a trajectory has no answer or `prefix` is None."""
+        longest = max(len(t.steps) for t in trajectories)
+        beliefs = np.zeros((len(trajectories), longest), np.float32)
+        if prefix is None or all(t.answer is None for t in trajectories):
+            return beliefs
+        forced = []
+        for t in trajectories:
+            ids = [] if t.answer is None else self.qwen.tokenizer.encode(t.answer, add_special_tokens=False)
+            forced.append(Trajectory(steps=tuple(
+                StepRecord(observation_ids=[], action_ids=ids, action_logp=[0.0] * len(ids), reward=0.0,
+                           prompt_ids=[*step.prompt_ids, *prefix]) for step in t.steps) if ids else ()))
+        rows = step_rows(forced, beliefs)
+        logp, _ = self.score(self.params, rows, with_entropy=False)
+        counts = rows["action_mask"].sum(axis=1)
+        means = np.where(rows["action_mask"], logp, 0.0).sum(axis=1) / np.maximum(counts, 1)
+        beliefs[rows["trajectory"], rows["step"]] = means
+        return beliefs
+
+    def learn(self, trajectories: Sequence[Trajectory], *, iteration: int,
+              answer_prefix: Sequence[int] | None = None) -> dict[str, float]:
         """Credit, step rows and `epochs` passes of updates on iteration `iteration`'s batch
         (its minibatch order is a fixed function of the seed and `iteration`, so a resumed
-        run shuffles as an uninterrupted one).
+        run shuffles as an uninterrupted one); `answer_prefix` is IGPO's (`answer_beliefs`).
 
         Returns:
           `loss/policy`, `loss/total` (and `loss/kl`), each the mean over the
@@ -369,13 +400,18 @@ class Learner:
         steps, tokens, _ = collate(trajectories, with_observations=False)
         if self.critic_level == "token":
             token_values = _to_tokens(rows["old_values"], rows, tokens)
-        prm_inputs, prm_metrics = {}, {}
+        inputs, credit_metrics = {}, {}  # what the estimator reads beyond the batch, and its metrics
+        if self.needs_information_gain:
+            inputs["answer_logp"] = self.answer_beliefs(trajectories, answer_prefix)
+            credit_metrics["igpo/gain_mean"] = information_gain.gain_mean(
+                inputs["answer_logp"], steps.mask, gain=self.estimator_config["gain"])
         if self.prm is not None:  # pi_old: this update's starting policy, scored as the PRM is
-            old_logp = _to_tokens(self.score(self.params, rows, with_entropy=False)[0], rows, tokens)
-            prm_logp, prm_metrics = self.update_prm(rows, tokens, steps, old_logp)
-            prm_inputs = {"prm_logp": prm_logp, "ref_logp": old_logp}
+            inputs["ref_logp"] = _to_tokens(self.score(self.params, rows, with_entropy=False)[0], rows,
+                                            tokens)
+            inputs["prm_logp"], prm_metrics = self.update_prm(rows, tokens, steps, inputs["ref_logp"])
+            credit_metrics.update(prm_metrics)
         credit = compute_advantages(steps, tokens, self.config.estimator, token_values=token_values,
-                                    **prm_inputs, **self.estimator_config)
+                                    **inputs, **self.estimator_config)
         rows["advantages"] = step_rows(trajectories, credit.step_advantages)["advantages"]
         if self.critic is not None:
             rows["returns"], rows["value_mask"] = self._value_targets(credit.returns, rows, tokens)
@@ -397,7 +433,7 @@ class Learner:
         nnx.update(self.qwen.model, self._merge(self.params, self.frozen))
         out = {key: float(np.mean([float(m[key]) for m in history])) for key in history[0]}
         out["rows"] = float(count)
-        return {**out, **prm_metrics}
+        return {**out, **credit_metrics}
 
     def _with_values(self, trajectories: Sequence[Trajectory], rows: dict[str, np.ndarray]
                      ) -> list[Trajectory]:
@@ -513,6 +549,17 @@ def _to_rows(token_values: np.ndarray, rows: dict[str, np.ndarray], tokens) -> n
     for r, (b, in_row, in_tokens) in enumerate(_token_positions(rows, tokens)):
         out[r, in_row] = token_values[b, in_tokens]
     return out
+
+
+def _compiled_map(fn: Callable[[jax.Array], jax.Array], tree):
+    """`jax.tree.map(fn, tree)` as one compiled call: a model's hundreds of leaves are not
+    dispatched op by op (which has also aborted the process inside jaxlib on CPU under xdist)."""
+    return _tree_mapper(fn)(tree)
+
+
+@functools.lru_cache(maxsize=None)
+def _tree_mapper(fn):
+    return jax.jit(lambda tree: jax.tree.map(fn, tree))
 
 
 def _master(leaf: jax.Array) -> jax.Array:

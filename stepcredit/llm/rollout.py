@@ -48,7 +48,8 @@ def play_group(checkpoint: Checkpoint, make_env: Callable[[], Env], task: Any, *
 
     Returns:
       G `Trajectory`s scored by the sum of their rewards (as the word-level
-      rollout's); each step's `info` holds the environment's info plus
+      rollout's), with the task's `answer` where the environment gives a
+      `reference_answer()` (never shown to the model); each step's `info` holds the environment's info plus
       `text` (the model's answer) and `parse_error` (None when it parsed), and
       the last step of an episode cut by a limit `next_prompt_ids`, the prompt
       of the state it was cut in (a critic's bootstrap V(s_next)).
@@ -97,11 +98,13 @@ def play_group(checkpoint: Checkpoint, make_env: Callable[[], Env], task: Any, *
                 if not (result.done or result.truncated):
                     still.append(i)
             live = still
+        answers = [env.reference_answer() if callable(getattr(env, "reference_answer", None)) else None
+                   for env in envs]
     finally:
         for env in envs:
             env.close()
-    return [Trajectory(steps=tuple(episode), group_id=group_id, score=sum(s.reward for s in episode))
-            for episode in steps]
+    return [Trajectory(steps=tuple(episode), group_id=group_id, score=sum(s.reward for s in episode),
+                       answer=answer) for episode, answer in zip(steps, answers)]
 
 
 __all__: Sequence[str] = ("play_group",)

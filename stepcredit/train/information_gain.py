@@ -28,6 +28,7 @@ from typing import Callable, Sequence
 
 import numpy as np
 
+from stepcredit import advantages as adv
 from stepcredit.batch import StepRecord, Trajectory
 from stepcredit.envs.base import Env
 from stepcredit.models.tokenizer import Tokenizer
@@ -55,6 +56,16 @@ def answer_prefix(env: Env, tokenizer: Tokenizer, action_format: str) -> list[in
                          f"is read); use a free-text action format")
     rendered = render_action(template.format(_SLOT), None, action_format)
     return tokenizer.encode(rendered.partition(_SLOT)[0])
+
+
+def gain_mean(beliefs: np.ndarray, mask: np.ndarray, *, gain: str) -> float:
+    """The mean information gain (`advantages.information_gain`) over the steps it rewards
+    (every step but a trajectory's last); 0 without answers (all beliefs 0) or such steps."""
+    mask = np.asarray(mask)
+    rewarded = mask & np.concatenate([mask[:, 1:], np.zeros_like(mask[:, :1])], axis=1)
+    if not (beliefs.any() and rewarded.any()):
+        return 0.0
+    return float(np.asarray(adv.information_gain(beliefs, mask, gain=gain))[rewarded].mean())
 
 
 def no_answer_warning(env_name: str, estimator: str) -> str:

@@ -168,12 +168,7 @@ class Learner:
         beliefs = information_gain.answer_logprobs(
             self.score, state.policy, trajectories, self.answer_prefix, self.parts.tokenizer,
             num_steps=limit, multiple=self.config.minibatch_rows)
-        mask = np.asarray(steps.mask)
-        rewarded = mask & np.concatenate([mask[:, 1:], np.zeros_like(mask[:, :1])], axis=1)
-        gain_mean = 0.0  # no answers (all beliefs 0) or no step before a last one: no gain
-        if beliefs.any() and rewarded.any():
-            gains = adv.information_gain(beliefs, mask, gain=self.estimator_config["gain"])
-            gain_mean = float(np.asarray(gains)[rewarded].mean())
+        gain_mean = information_gain.gain_mean(beliefs, steps.mask, gain=self.estimator_config["gain"])
         return beliefs, {"igpo/gain_mean": gain_mean,
                          "time/information_gain": time.perf_counter() - tick}
 

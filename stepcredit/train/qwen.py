@@ -14,7 +14,9 @@ state and the reference.
 
 Settings of `TrainConfig` this path does not implement are refused in one
 line naming them (`unsupported_settings`), as are estimators that read
-Monte Carlo values, a progress estimator, answer beliefs or rollout trees.
+Monte Carlo values, a progress estimator or rollout trees. IGPO's answer beliefs
+are the chat model's mean log-prob of the task's answer teacher-forced as its
+answer action after each step's prompt (`answer_prefix`, `Learner.answer_beliefs`).
 DAPO's dynamic sampling (`dynamic_sampling`, or the estimator's recipe) refills
 the batch with fresh tasks in place of groups whose scores are all equal
 (`collection.informative_groups`, as the word-level run).
@@ -35,6 +37,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from stepcredit import advantages as adv
+from stepcredit.train import information_gain
 from stepcredit.train.build import make_env
 from stepcredit.train.checkpoint import Checkpointer
 from stepcredit.train.collection import informative_groups, iteration_tasks
@@ -64,8 +67,7 @@ DEFAULTS = {"learning_rate": 1e-6, "epochs": 1, "minibatch_rows": 256,
 
 # Registry needs the Qwen path does not provide yet, and what each is.
 _MISSING_INPUTS = (("needs_mc_values", "Monte Carlo values"),
-                   ("needs_progress", "a progress estimator"),
-                   ("needs_information_gain", "answer beliefs"))
+                   ("needs_progress", "a progress estimator"))
 
 
 def unsupported_settings(config: TrainConfig) -> list[str]:
@@ -103,6 +105,16 @@ def resolve(config: TrainConfig) -> TrainConfig:
                                    if entry.recipe.clip_high is not None else loss.clip_low)
     return dataclasses.replace(config, estimator_config=tuple(sorted(estimator_config.items())),
                                loss=loss)
+
+
+def answer_prefix(env, tokenizer) -> list[int] | None:
+    """IGPO's teacher-forcing prefix: the ids of a chat answer up to the ground-truth answer
+    (`<action>finish[` for HotpotQA's `finish[{}]`), or None when `env` gives no reference
+    answer (WebShop, ALFWorld: IGPO then trains on its outcome-only form)."""
+    template = getattr(env, "answer_action", None)
+    if template is None or not callable(getattr(env, "reference_answer", None)):
+        return None
+    return tokenizer.encode("<action>" + template.partition("{}")[0], add_special_tokens=False)
 
 
 def episode_metrics(trajectories) -> dict[str, float]:
@@ -151,7 +163,10 @@ class QwenTrainer(Trainer):
                                  else c.dynamic_sampling)
         probe = make_env(c, "train")
         self.num_train_tasks = probe.num_tasks
+        self.answer_prefix = answer_prefix(probe, self.qwen.tokenizer)
         probe.close()
+        if entry.needs_information_gain and self.answer_prefix is None:
+            log(information_gain.no_answer_warning(c.env, c.estimator))
         self.next_iteration = 0
         self.checkpointer = Checkpointer(os.path.join(c.logdir, "checkpoints"))
 
@@ -173,7 +188,8 @@ class QwenTrainer(Trainer):
         played = time.perf_counter()
         metrics = {f"rollout/{k}": v for k, v in episode_metrics(trajectories).items()}
         metrics.update(dapo)
-        metrics.update(self.learner.learn(trajectories, iteration=iteration))
+        metrics.update(self.learner.learn(trajectories, iteration=iteration,
+                                          answer_prefix=self.answer_prefix))
         metrics["time/rollout"] = played - tick
         metrics["time/update"] = time.perf_counter() - played
         metrics["time/iteration"] = time.perf_counter() - tick
@@ -220,5 +236,6 @@ class QwenTrainer(Trainer):
         return episode_metrics(trajectories)
 
 
-__all__ = ("DEFAULTS", "HONOURED", "QwenTrainer", "check_config", "episode_metrics", "resolve",
+__all__ = ("DEFAULTS", "HONOURED", "QwenTrainer", "answer_prefix", "check_config", "episode_metrics",
+           "resolve",
            "unsupported_settings")

@@ -244,3 +244,22 @@ def test_lora_starts_at_the_pretrained_model_and_trains_only_its_adapters(tmp_pa
     assert moved == len(adapted)
     with pytest.raises(ValueError, match="lora.init: rank=0; it must be >= 1"):
         lora.init(learner.frozen["base"], rank=0, hidden_size=32, key=jax.random.key(0))
+
+
+def test_answer_beliefs_are_the_mean_log_prob_of_the_answer_after_each_prompt(tmp_path):
+    learner = _learner(tmp_path, estimator="igpo")
+    tokenizer = learner.qwen.tokenizer
+    prefix, answer = tokenizer.encode("<action>finish[", add_special_tokens=False), "yes"
+    ids = tokenizer.encode(answer, add_special_tokens=False)
+    steps = tuple(StepRecord(observation_ids=[], action_ids=[30], action_logp=[0.0], reward=0.0,
+                             prompt_ids=prompt) for prompt in ([1, 20, 21], [1, 22, 23, 24]))
+    trajectories = [Trajectory(steps=steps, answer=answer), Trajectory(steps=steps[:1])]
+    beliefs = learner.answer_beliefs(trajectories, prefix)
+    assert beliefs.shape == (2, 2) and beliefs[1, 0] == 0.0  # no answer: no belief
+    for t, step in enumerate(steps):
+        row = [*step.prompt_ids, *prefix, *ids]
+        logp = jax.nn.log_softmax(learn.checkpoints.logits(learner.qwen, [row], [[True] * len(row)])[0], -1)
+        start = len(row) - len(ids)
+        expected = np.mean([float(logp[start + k - 1, token]) for k, token in enumerate(ids)])
+        np.testing.assert_allclose(beliefs[0, t], expected, atol=1e-5)
+    np.testing.assert_array_equal(learner.answer_beliefs(trajectories, None), np.zeros((2, 2)))

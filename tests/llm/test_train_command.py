@@ -49,7 +49,8 @@ def toy_env():
     ("qwen2", letters.NAME, "step_gae", ["--step-level-ratio"], False),
     ("qwen3", letters.NAME, "rloo+istar", ["--prm-learning-rate", "1e-3", "--group-size", "4"], False),
     ("qwen2", letters.NAME, "grpo", ["--lora-rank", "4", "--learning-rate", "1e-2"], False),
-    ("qwen3", letters.NAME, "dapo+empg", [], False)])
+    ("qwen3", letters.NAME, "dapo+empg", [], False),
+    ("qwen2", "hotpotqa", "igpo", [], False)])
 def test_train_policy_qwen_learns_logs_checkpoints_and_resumes(tmp_path, toy_env, family, env, estimator,
                                                                extra, resume):
     model_dir, logdir = tmp_path / "model", tmp_path / "run"
@@ -69,6 +70,9 @@ def test_train_policy_qwen_learns_logs_checkpoints_and_resumes(tmp_path, toy_env
     assert all(row["prm/num_pairs"] > 0 for row in trained if prm)
     dapo = estimator == "dapo+empg"  # DAPO's recipe: dynamic sampling and clip-higher
     assert all(("dapo/sampling_rounds" in row) == dapo for row in trained)
+    igpo = estimator == "igpo"  # HotpotQA's answer, teacher-forced after each step's prompt
+    assert all(("igpo/gain_mean" in row) == igpo and np.isfinite(row.get("igpo/gain_mean", 0.0))
+               for row in trained)
     if "--eval-every" in extra:  # the initial policy and the last iteration are evaluated
         assert [row["iteration"] for row in rows if "eval/success" in row] == [-1, 0]
         assert all(row["loss/kl"] >= 0 for row in trained)
