@@ -54,6 +54,7 @@ from stepcredit.llm import lora
 from stepcredit.llm import rollout
 from stepcredit.losses import kl_loss, value_loss
 from stepcredit.train import information_gain
+from stepcredit.train.vine import mc_value_array
 from stepcredit.train.update import LossConfig, make_optimizer, policy_loss
 
 
@@ -64,7 +65,7 @@ class LearnConfig:
     Attributes:
       estimator: a registered estimator that needs no progress estimator,
         Monte Carlo values or rollout trees (grpo, rloo, gigpo, grpo+empg,
-        step_gae, token_gae, rloo+istar, prime, reinforce_pp, mt_grpo, ...); one
+        step_gae, token_gae, rloo+istar, prime, igpo, vineppo, mt_grpo, ...); one
         that reads entropies gets the sampling policy's, re-scored before the
         update, one that reads a critic the value-head copy of the model, one
         that reads a PRM the PRM copy.
@@ -207,6 +208,7 @@ class Learner:
         self._score = jax.jit(self._scores, static_argnames="with_entropy")
         self.needs_entropy = entry.needs_entropy
         self.needs_information_gain = entry.needs_information_gain
+        self.needs_mc_values = entry.needs_mc_values
         self.critic_level = ("step" if "step_values" in entry.fields else
                              "token" if "token_values" in entry.fields else None)
         self.critic = self.critic_opt_state = None
@@ -405,6 +407,8 @@ class Learner:
             inputs["answer_logp"] = self.answer_beliefs(trajectories, answer_prefix)
             credit_metrics["igpo/gain_mean"] = information_gain.gain_mean(
                 inputs["answer_logp"], steps.mask, gain=self.estimator_config["gain"])
+        if self.needs_mc_values:  # VinePPO: `stepcredit.llm.vine.with_mc_values` put them in the infos
+            inputs["mc_values"] = mc_value_array(trajectories, steps.mask.shape[1])
         if self.prm is not None:  # pi_old: this update's starting policy, scored as the PRM is
             inputs["ref_logp"] = _to_tokens(self.score(self.params, rows, with_entropy=False)[0], rows,
                                             tokens)

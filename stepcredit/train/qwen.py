@@ -13,8 +13,10 @@ frozen copy of the model). Checkpoints hold the parameters, the optimizer
 state and the reference.
 
 Settings of `TrainConfig` this path does not implement are refused in one
-line naming them (`unsupported_settings`), as are estimators that read
-Monte Carlo values, a progress estimator or rollout trees. IGPO's answer beliefs
+line naming them (`unsupported_settings`), as are estimators that read a
+progress estimator or rollout trees. VinePPO's Monte Carlo values come from
+`vine_rollouts` continuations of the chat model from every visited state
+(`stepcredit.llm.vine`). IGPO's answer beliefs
 are the chat model's mean log-prob of the task's answer teacher-forced as its
 answer action after each step's prompt (`answer_prefix`, `Learner.answer_beliefs`).
 DAPO's dynamic sampling (`dynamic_sampling`, or the estimator's recipe) refills
@@ -37,8 +39,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from stepcredit import advantages as adv
-from stepcredit.train import information_gain
-from stepcredit.train.build import make_env
+from stepcredit.train import information_gain, vine
+from stepcredit.train.build import check_snapshots, make_env
 from stepcredit.train.checkpoint import Checkpointer
 from stepcredit.train.collection import informative_groups, iteration_tasks
 from stepcredit.train.config import TrainConfig
@@ -51,7 +53,7 @@ HONOURED = frozenset({
     "group_size", "seed", "max_steps", "learning_rate", "weight_decay", "grad_clip", "epochs",
     "minibatch_rows", "eval_every", "eval_tasks", "eval_temperature", "checkpoint_every", "logdir",
     "time_limit_minutes", "policy", "model_dir", "param_dtype", "prm_learning_rate", "prm_rewards_from",
-    "lora_rank", "lora_alpha", "dynamic_sampling",
+    "lora_rank", "lora_alpha", "dynamic_sampling", "vine_rollouts",
     "rollout.temperature", "rollout.max_action_tokens", "rollout.history_window",
     "rollout.invalid_action_penalty",
     "loss.clip_low", "loss.clip_high", "loss.agg", "loss.max_response_length", "loss.step_level_ratio",
@@ -66,8 +68,7 @@ DEFAULTS = {"learning_rate": 1e-6, "epochs": 1, "minibatch_rows": 256,
             "prm_learning_rate": 1e-6}  # iStar's PRM, arXiv 2509.19199
 
 # Registry needs the Qwen path does not provide yet, and what each is.
-_MISSING_INPUTS = (("needs_mc_values", "Monte Carlo values"),
-                   ("needs_progress", "a progress estimator"))
+_MISSING_INPUTS = (("needs_progress", "a progress estimator"),)
 
 
 def unsupported_settings(config: TrainConfig) -> list[str]:
@@ -167,27 +168,44 @@ class QwenTrainer(Trainer):
         probe.close()
         if entry.needs_information_gain and self.answer_prefix is None:
             log(information_gain.no_answer_warning(c.env, c.estimator))
+        self.needs_mc_values = entry.needs_mc_values
+        if self.needs_mc_values:
+            check_snapshots(c, vine.VALUES_NEED)
         self.next_iteration = 0
         self.checkpointer = Checkpointer(os.path.join(c.logdir, "checkpoints"))
 
     def iteration(self, iteration: int) -> dict[str, float]:
         """Plays one batch and learns from it; returns the iteration's metrics."""
         from stepcredit.llm import learn
+        from stepcredit.llm import vine as llm_vine
 
         tick = time.perf_counter()
 
-        def play(round_: int):
-            tasks = iteration_tasks(self.config, iteration, self.num_train_tasks, round_=round_)
-            return learn.play_batch(self.qwen, lambda: make_env(self.config, "train"), tasks,
-                                    self.learn_config, iteration=iteration, round_=round_)
+        c, extra = self.config, {}
 
-        trajectories, dapo = play(0), {}
+        def play(round_: int):
+            tasks = iteration_tasks(c, iteration, self.num_train_tasks, round_=round_)
+            trajectories = learn.play_batch(self.qwen, lambda: make_env(c, "train"), tasks,
+                                            self.learn_config, iteration=iteration, round_=round_)
+            if not self.needs_mc_values:
+                return trajectories
+            trajectories, values = llm_vine.with_mc_values(  # VinePPO: each visited state valued
+                self.qwen, lambda: make_env(c, "train"), tasks, trajectories, rollouts=c.vine_rollouts,
+                seed=llm_vine.continuation_seed(c.seed, iteration, round_),
+                max_new_tokens=c.rollout.max_action_tokens, temperature=c.rollout.temperature,
+                window=c.rollout.history_window, invalid_action_penalty=c.rollout.invalid_action_penalty)
+            for key, value in values.items():
+                extra[key] = extra.get(key, 0.0) + value
+            return trajectories
+
+        trajectories = play(0)
         if self.dynamic_sampling:
-            trajectories, dapo = informative_groups(trajectories, play, group_size=self.config.group_size,
-                                                    wanted=self.config.tasks_per_iteration)
+            trajectories, dapo = informative_groups(trajectories, play, group_size=c.group_size,
+                                                    wanted=c.tasks_per_iteration)
+            extra.update(dapo)
         played = time.perf_counter()
         metrics = {f"rollout/{k}": v for k, v in episode_metrics(trajectories).items()}
-        metrics.update(dapo)
+        metrics.update(extra)
         metrics.update(self.learner.learn(trajectories, iteration=iteration,
                                           answer_prefix=self.answer_prefix))
         metrics["time/rollout"] = played - tick

@@ -50,7 +50,8 @@ def toy_env():
     ("qwen3", letters.NAME, "rloo+istar", ["--prm-learning-rate", "1e-3", "--group-size", "4"], False),
     ("qwen2", letters.NAME, "grpo", ["--lora-rank", "4", "--learning-rate", "1e-2"], False),
     ("qwen3", letters.NAME, "dapo+empg", [], False),
-    ("qwen2", "hotpotqa", "igpo", [], False)])
+    ("qwen2", "hotpotqa", "igpo", [], False),
+    ("qwen3", "hotpotqa", "vineppo", ["--vine-rollouts", "2"], False)])
 def test_train_policy_qwen_learns_logs_checkpoints_and_resumes(tmp_path, toy_env, family, env, estimator,
                                                                extra, resume):
     model_dir, logdir = tmp_path / "model", tmp_path / "run"
@@ -70,6 +71,8 @@ def test_train_policy_qwen_learns_logs_checkpoints_and_resumes(tmp_path, toy_env
     assert all(row["prm/num_pairs"] > 0 for row in trained if prm)
     dapo = estimator == "dapo+empg"  # DAPO's recipe: dynamic sampling and clip-higher
     assert all(("dapo/sampling_rounds" in row) == dapo for row in trained)
+    vine = estimator == "vineppo"  # two continuations from every visited state
+    assert all(("vine/states" in row) == vine and row.get("vine/env_steps", 1) > 0 for row in trained)
     igpo = estimator == "igpo"  # HotpotQA's answer, teacher-forced after each step's prompt
     assert all(("igpo/gain_mean" in row) == igpo and np.isfinite(row.get("igpo/gain_mean", 0.0))
                for row in trained)
@@ -127,7 +130,7 @@ def test_train_policy_qwen_refuses_what_it_does_not_implement(tmp_path, capsys):
     base = ["train", "--policy", "qwen", "--model-dir", str(model_dir), "--logdir", str(tmp_path / "run")]
     for extra, message in ((["--d-model", "64"], "does not implement d_model: 256 -> 64"),
                            (["--estimator", "spa"], "estimator 'spa' needs a progress estimator"),
-                           (["--estimator", "vineppo"], "estimator 'vineppo' needs Monte Carlo values"),
+                           (["--estimator", "tree_grpo"], "estimator 'tree_grpo' needs rollout trees"),
                            (["--model-dir", None], "model_dir is given with 'qwen' only")):
         argv = base + extra if extra[1] is not None else base[:3] + base[5:]
         assert main(argv) != 0
