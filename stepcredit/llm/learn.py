@@ -174,7 +174,10 @@ class Learner:
     bfloat16 weight near 1 moves in steps of 2^-8, so an AdamW update of size
     lr = 1e-6 would round to nothing. Each forward pass casts the masters to the
     model's dtypes, and after `learn` the model holds the cast of the new masters.
-    The KL reference stays in the model's dtype (it is never updated).
+    The KL reference stays in the model's dtype (it is never updated). With
+    `lora_rank` the trained tree is the adapters instead (`_weights` merges
+    them into the frozen weights), and the reference, critic trunk and PRM are
+    adapters too. Every re-scoring runs `minibatch_rows` rows at a time.
 
     Args:
       qwen: the loaded policy; `learn` updates `qwen.model` in place (tunix's
@@ -229,7 +232,6 @@ class Learner:
             self._prm_accumulate = jax.jit(self._prm_gradient, donate_argnums=3)
             self._prm_step = jax.jit(self._prm_apply)
 
-
     def _weights(self, trainable, frozen):
         """The model's parameters, in its dtypes, from the trained tree: the float32 masters, or
         the frozen weights with the LoRA adapters merged in."""
@@ -248,38 +250,33 @@ class Learner:
     def _rows_per_call(self, count: int) -> int:
         return min(self.config.minibatch_rows or count, count)
 
-    def score(self, params, rows: dict[str, np.ndarray], *, with_entropy: bool
-              ) -> tuple[np.ndarray, np.ndarray | None]:
-        """`_token_scores` of `rows` under `params`, `minibatch_rows` rows per call (the
-        logits of a whole batch, `[R, L, vocab]`, would not fit a real model's memory)."""
+    def _per_chunk(self, rows: dict[str, np.ndarray], call: Callable[[dict], Any]) -> Any:
+        """`call` on the `tokens` and `mask` of `rows`, `minibatch_rows` rows at a time (the
+        last chunk padded), its outputs cut to the real rows and joined: the logits of a
+        whole batch, `[R, L, vocab]`, would not fit a real model's memory."""
         count = rows["tokens"].shape[0]
         size = self._rows_per_call(count)
-        logps, entropies = [], []
+        outputs = []
         with jax.set_mesh(self.qwen.mesh):
             for begin in range(0, count, size):
                 index = np.arange(begin, min(begin + size, count))
                 chunk = _padded_rows({key: rows[key] for key in ("tokens", "mask")}, index, size)
-                logp, entropy = self._score(params, self.frozen, chunk, with_entropy=with_entropy)
-                logps.append(np.asarray(logp)[:len(index)])
-                if with_entropy:
-                    entropies.append(np.asarray(entropy)[:len(index)])
-        return np.concatenate(logps), np.concatenate(entropies) if with_entropy else None
+                outputs.append(jax.tree.map(lambda x: np.asarray(x)[:len(index)], call(chunk)))
+        return jax.tree.map(lambda *parts: np.concatenate(parts), *outputs)
+
+    def score(self, params, rows: dict[str, np.ndarray], *, with_entropy: bool
+              ) -> tuple[np.ndarray, np.ndarray | None]:
+        """`_token_scores` of `rows` under `params` (the policy, the reference or the PRM)."""
+        return self._per_chunk(rows, lambda chunk: self._score(params, self.frozen, chunk,
+                                                               with_entropy=with_entropy))
 
     def _critic_values(self, critic, frozen, rows):
         return critics.values(self.graphdef, self._weights(critic["trunk"], frozen), frozen["rest"],
                               critic["head"], rows)
 
     def values(self, rows: dict[str, np.ndarray]) -> np.ndarray:
-        """`[R, L]` critic values of `rows` (`critic.values`), `minibatch_rows` rows per call."""
-        count = rows["tokens"].shape[0]
-        size = self._rows_per_call(count)
-        out = []
-        with jax.set_mesh(self.qwen.mesh):
-            for begin in range(0, count, size):
-                index = np.arange(begin, min(begin + size, count))
-                chunk = _padded_rows({key: rows[key] for key in ("tokens", "mask")}, index, size)
-                out.append(np.asarray(self._values(self.critic, self.frozen, chunk))[:len(index)])
-        return np.concatenate(out)
+        """`[R, L]` critic values of `rows` (`critic.values`)."""
+        return self._per_chunk(rows, lambda chunk: self._values(self.critic, self.frozen, chunk))
 
     def _train_critic_step(self, critic, opt_state, frozen, rows):
         def loss_fn(critic):

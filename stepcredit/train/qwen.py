@@ -14,7 +14,8 @@ state and the reference.
 
 Settings of `TrainConfig` this path does not implement are refused in one
 line naming them (`unsupported_settings`), as are estimators that read a
-progress estimator or rollout trees. VinePPO's Monte Carlo values come from
+progress estimator. Tree-GRPO's forests are played by `stepcredit.llm.tree`
+(random branching). VinePPO's Monte Carlo values come from
 `vine_rollouts` continuations of the chat model from every visited state
 (`stepcredit.llm.vine`). IGPO's answer beliefs
 are the chat model's mean log-prob of the task's answer teacher-forced as its
@@ -46,6 +47,7 @@ from stepcredit.train.collection import informative_groups, iteration_tasks
 from stepcredit.train.config import TrainConfig
 from stepcredit.train.evaluate import test_split
 from stepcredit.train.trainer import Trainer, write_whole
+from stepcredit.train.tree import BRANCHES_NEED, TreeShape
 
 # What the Qwen path reads from a TrainConfig; any other field set away from its default is refused.
 HONOURED = frozenset({
@@ -53,7 +55,8 @@ HONOURED = frozenset({
     "group_size", "seed", "max_steps", "learning_rate", "weight_decay", "grad_clip", "epochs",
     "minibatch_rows", "eval_every", "eval_tasks", "eval_temperature", "checkpoint_every", "logdir",
     "time_limit_minutes", "policy", "model_dir", "param_dtype", "prm_learning_rate", "prm_rewards_from",
-    "lora_rank", "lora_alpha", "dynamic_sampling", "vine_rollouts",
+    "lora_rank", "lora_alpha", "dynamic_sampling", "vine_rollouts", "tree_count", "tree_branches",
+    "tree_rounds", "tree_branching",
     "rollout.temperature", "rollout.max_action_tokens", "rollout.history_window",
     "rollout.invalid_action_penalty",
     "loss.clip_low", "loss.clip_high", "loss.agg", "loss.max_response_length", "loss.step_level_ratio",
@@ -85,18 +88,23 @@ def check_config(config: TrainConfig) -> None:
                          "leave them at their defaults")
     entry = adv.get(config.estimator)
     missing = [what for need, what in _MISSING_INPUTS if getattr(entry, need)]
-    if entry.recipe.rollout_trees:
-        missing.append("rollout trees")
     if missing:
         raise ValueError(f"--policy qwen: estimator {config.estimator!r} needs {', '.join(missing)}, "
                          "which the Qwen path does not provide yet")
+    if entry.recipe.rollout_trees and config.tree_branching != "random":
+        raise ValueError(f"--policy qwen: tree_branching={config.tree_branching!r}; the chat sampler "
+                         "records no entropies, so its trees branch at random")
+    if entry.recipe.rollout_trees and config.dynamic_sampling:
+        raise ValueError(f"TrainConfig: dynamic sampling refills groups of group_size rollouts; "
+                         f"{config.estimator!r} plays trees, which it cannot refill")
     if entry.needs_groups and config.group_size < 2:
         raise ValueError(f"TrainConfig: group_size={config.group_size}, but {config.estimator!r} "
                          "compares the rollouts of a task; use group_size >= 2")
 
 
 def resolve(config: TrainConfig) -> TrainConfig:
-    """`config` with the estimator's full hyperparameters and the recipe's clip-higher written out."""
+    """`config` with the estimator's full hyperparameters, the recipe's clip-higher and a forest's
+    derived sizes (`TreeShape.for_group_size`) written out."""
     check_config(config)
     entry = adv.get(config.estimator)
     estimator_config = entry.resolve(dict(config.estimator_config))
@@ -104,8 +112,13 @@ def resolve(config: TrainConfig) -> TrainConfig:
     if loss.clip_high is None:
         loss = dataclasses.replace(loss, clip_high=entry.recipe.clip_high
                                    if entry.recipe.clip_high is not None else loss.clip_low)
+    trees = {}
+    if entry.recipe.rollout_trees:
+        shape = TreeShape.for_group_size(config.group_size, trees=config.tree_count,
+                                         branches=config.tree_branches, rounds=config.tree_rounds)
+        trees = {"tree_count": shape.trees, "tree_branches": shape.branches}
     return dataclasses.replace(config, estimator_config=tuple(sorted(estimator_config.items())),
-                               loss=loss)
+                               loss=loss, **trees)
 
 
 def answer_prefix(env, tokenizer) -> list[int] | None:
@@ -171,12 +184,17 @@ class QwenTrainer(Trainer):
         self.needs_mc_values = entry.needs_mc_values
         if self.needs_mc_values:
             check_snapshots(c, vine.VALUES_NEED)
+        self.trees = None  # Tree-GRPO: each task's rollouts are a forest
+        if entry.recipe.rollout_trees:
+            self.trees = TreeShape(c.tree_count, c.tree_branches, c.tree_rounds, c.tree_branching)
+            check_snapshots(c, BRANCHES_NEED)
         self.next_iteration = 0
         self.checkpointer = Checkpointer(os.path.join(c.logdir, "checkpoints"))
 
     def iteration(self, iteration: int) -> dict[str, float]:
         """Plays one batch and learns from it; returns the iteration's metrics."""
         from stepcredit.llm import learn
+        from stepcredit.llm import tree as llm_tree
         from stepcredit.llm import vine as llm_vine
 
         tick = time.perf_counter()
@@ -185,6 +203,14 @@ class QwenTrainer(Trainer):
 
         def play(round_: int):
             tasks = iteration_tasks(c, iteration, self.num_train_tasks, round_=round_)
+            if self.trees is not None:
+                trajectories, forest = llm_tree.collect_trees(
+                    self.qwen, lambda: make_env(c, "train"), tasks, self.trees,
+                    seed=c.seed * 100_003 + iteration * 1_009, max_new_tokens=c.rollout.max_action_tokens,
+                    temperature=c.rollout.temperature, window=c.rollout.history_window,
+                    invalid_action_penalty=c.rollout.invalid_action_penalty)
+                extra.update(forest)
+                return trajectories
             trajectories = learn.play_batch(self.qwen, lambda: make_env(c, "train"), tasks,
                                             self.learn_config, iteration=iteration, round_=round_)
             if not self.needs_mc_values:

@@ -109,7 +109,7 @@ class TreeShape:
         return cls(trees, branches, rounds, branching)
 
 
-class _Leaf(NamedTuple):
+class Leaf(NamedTuple):
     """A complete trajectory of a tree, with what a branch from it needs.
 
     Attributes:
@@ -126,20 +126,20 @@ class _Leaf(NamedTuple):
     start: int
 
 
-class _Start(NamedTuple):
+class Start(NamedTuple):
     """Where a branch begins: the state before its first own step, and its parent's prefix."""
 
     snapshot: Any
     observation: Observation
-    parent: _Leaf
+    parent: Leaf
     prefix: int
 
 
-class _Recording:
+class Recording:
     """An environment that snapshots the state before every step, and that resets
     into a given snapshot (a branch's start) when one is set."""
 
-    def __init__(self, env: SnapshotEnv, start: _Start | None = None):
+    def __init__(self, env: SnapshotEnv, start: Start | None = None):
         self.env, self.start = env, start
         self.name, self.max_steps = env.name, env.max_steps
         self.states: list[tuple[Any, Observation]] = []
@@ -208,12 +208,12 @@ def step_entropies(trajectory: Trajectory) -> list[float]:
             for s in trajectory.steps]
 
 
-def branch_start(leaf: _Leaf, prefix: int) -> _Start:
+def branch_start(leaf: Leaf, prefix: int) -> Start:
     snapshot, observation = leaf.states[prefix]
-    return _Start(snapshot, observation, leaf, prefix)
+    return Start(snapshot, observation, leaf, prefix)
 
 
-def prompt_history(config: RolloutConfig, start: _Start) -> list[tuple[str, Any]]:
+def prompt_history(config: RolloutConfig, start: Start) -> list[tuple[str, Any]]:
     """The (observation, action) pairs of the parent's first `prefix` steps, as
     `collect` recorded them for its prompts."""
     leaf = start.parent
@@ -223,15 +223,15 @@ def prompt_history(config: RolloutConfig, start: _Start) -> list[tuple[str, Any]
 
 
 def _play(graphdef, state, make_env: Callable[[], Env], tasks: Sequence[int],
-          starts: Sequence[_Start | None], tokenizer, key: jax.Array,
-          config: RolloutConfig) -> tuple[Rollout, list[_Leaf]]:
+          starts: Sequence[Start | None], tokenizer, key: jax.Array,
+          config: RolloutConfig) -> tuple[Rollout, list[Leaf]]:
     """One batched `collect` of episodes on `tasks[i]`, from `starts[i]` where given."""
     envs = []
     try:
         for start in starts:
             env = make_env()
             require_snapshots(env, BRANCHES_NEED)
-            envs.append(_Recording(env, start))
+            envs.append(Recording(env, start))
     except BaseException:
         for env in envs:
             env.close()
@@ -243,13 +243,13 @@ def _play(graphdef, state, make_env: Callable[[], Env], tasks: Sequence[int],
     leaves = []
     for env, start, played in zip(envs, starts, rollout.trajectories):
         if start is None:
-            leaves.append(_Leaf(played, env.states, env.actions, 0))
+            leaves.append(Leaf(played, env.states, env.actions, 0))
             continue
         parent, prefix = start.parent, start.prefix
         steps = list(parent.trajectory.steps[:prefix]) + list(played.steps)
         trajectory = dataclasses.replace(played, steps=steps,
                                          score=float(sum(s.reward for s in steps)))
-        leaves.append(_Leaf(trajectory, parent.states[:prefix] + env.states,
+        leaves.append(Leaf(trajectory, parent.states[:prefix] + env.states,
                             parent.actions[:prefix] + env.actions, prefix))
     return rollout, leaves
 

@@ -51,7 +51,8 @@ def toy_env():
     ("qwen2", letters.NAME, "grpo", ["--lora-rank", "4", "--learning-rate", "1e-2"], False),
     ("qwen3", letters.NAME, "dapo+empg", [], False),
     ("qwen2", "hotpotqa", "igpo", [], False),
-    ("qwen3", "hotpotqa", "vineppo", ["--vine-rollouts", "2"], False)])
+    ("qwen3", "hotpotqa", "vineppo", ["--vine-rollouts", "2"], False),
+    ("qwen2", "hotpotqa", "tree_grpo", ["--group-size", "4"], False)])
 def test_train_policy_qwen_learns_logs_checkpoints_and_resumes(tmp_path, toy_env, family, env, estimator,
                                                                extra, resume):
     model_dir, logdir = tmp_path / "model", tmp_path / "run"
@@ -71,6 +72,8 @@ def test_train_policy_qwen_learns_logs_checkpoints_and_resumes(tmp_path, toy_env
     assert all(row["prm/num_pairs"] > 0 for row in trained if prm)
     dapo = estimator == "dapo+empg"  # DAPO's recipe: dynamic sampling and clip-higher
     assert all(("dapo/sampling_rounds" in row) == dapo for row in trained)
+    forest = estimator == "tree_grpo"  # 4 leaves per task: one tree, a root and 3 branches
+    assert all(row.get("tree/leaves", 4) == 4 and ("tree/leaves" in row) == forest for row in trained)
     vine = estimator == "vineppo"  # two continuations from every visited state
     assert all(("vine/states" in row) == vine and row.get("vine/env_steps", 1) > 0 for row in trained)
     igpo = estimator == "igpo"  # HotpotQA's answer, teacher-forced after each step's prompt
@@ -130,7 +133,8 @@ def test_train_policy_qwen_refuses_what_it_does_not_implement(tmp_path, capsys):
     base = ["train", "--policy", "qwen", "--model-dir", str(model_dir), "--logdir", str(tmp_path / "run")]
     for extra, message in ((["--d-model", "64"], "does not implement d_model: 256 -> 64"),
                            (["--estimator", "spa"], "estimator 'spa' needs a progress estimator"),
-                           (["--estimator", "tree_grpo"], "estimator 'tree_grpo' needs rollout trees"),
+                           (["--estimator", "tree_grpo", "--tree-branching", "entropy"],
+                            "records no entropies, so its trees branch at random"),
                            (["--model-dir", None], "model_dir is given with 'qwen' only")):
         argv = base + extra if extra[1] is not None else base[:3] + base[5:]
         assert main(argv) != 0
