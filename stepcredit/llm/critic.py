@@ -14,7 +14,8 @@ prompt (StepPO's step critic); the values at the later action tokens are the
 token-level critic of token GAE.
 
 The parameters are a plain pytree {"trunk": the transformer's `nnx.Param`
-state, "head": {"w": [d], "b": []}}, trained by its own optimizer.
+state, "head": {"w": [d], "b": []}}, trained by its own optimizer. SPA's
+progress estimator has the same form (`head_outputs` at a step's last token).
 """
 
 from __future__ import annotations
@@ -33,8 +34,9 @@ def init_head(hidden_size: int) -> dict[str, jax.Array]:
     return {"w": jnp.zeros((hidden_size,), jnp.float32), "b": jnp.zeros((), jnp.float32)}
 
 
-def values(graphdef, trunk, rest, head, rows: dict[str, Any]) -> jax.Array:
-    """`[R, L]` float32 values V_n = w . h_{n-1} + b of `rows` (`tokens`, `mask`; 0 at n = 0).
+def head_outputs(graphdef, trunk, rest, head, rows: dict[str, Any]) -> jax.Array:
+    """`[R, L]` float32 w . h_n + b at every position n of `rows` (`tokens`, `mask`): the head on
+    the state after token n (SPA's progress estimator reads it at a step's last action token).
 
     Args:
       graphdef, trunk, rest: the transformer, split as `nnx.split(model, nnx.Param, ...)`,
@@ -46,8 +48,13 @@ def values(graphdef, trunk, rest, head, rows: dict[str, Any]) -> jax.Array:
     positions, attention = checkpoints.attention_inputs(rows["mask"])
     model(rows["tokens"], positions, None, attention, output_hidden_states=True)
     hidden = model.all_hidden_states.get_value()[0].astype(jnp.float32)  # [R, L, d], after the final norm
-    per_position = hidden[:, :-1] @ head["w"] + head["b"]
-    return jnp.pad(per_position, ((0, 0), (1, 0)))
+    return hidden @ head["w"] + head["b"]
 
 
-__all__: Sequence[str] = ("init_head", "values")
+def values(graphdef, trunk, rest, head, rows: dict[str, Any]) -> jax.Array:
+    """`[R, L]` float32 values V_n = w . h_{n-1} + b of `rows` (0 at n = 0; `head_outputs` shifted
+    one position, so V_n values the state the model drew token n in)."""
+    return jnp.pad(head_outputs(graphdef, trunk, rest, head, rows)[:, :-1], ((0, 0), (1, 0)))
+
+
+__all__: Sequence[str] = ("head_outputs", "init_head", "values")

@@ -17,7 +17,10 @@ the rows before the update (V(s_t) at each step's first action token, token
 values on every action token, V(s_next) of an episode cut by a limit from the
 prompt of the state it was cut in) and trained on the estimator's returns with
 the value loss (`losses.value_loss`, `loss.value_clip`) by its own AdamW at
-`critic_learning_rate`, one step per policy step on the same minibatch.
+`critic_learning_rate`, one step per policy step on the same minibatch. SPA's
+progress estimator is another value-head copy, read at each step's last action
+token (the state after the action) and fitted, `progress_steps` AdamW steps per
+iteration, so that a trajectory's contributions sum to its score.
 
 An estimator that reads an implicit PRM (iStar, PRIME) gets one: a further copy
 of the model, pi_prm, taking one AdamW step per iteration (`prm_learning_rate`,
@@ -44,7 +47,7 @@ import numpy as np
 import optax
 from flax import nnx
 
-from stepcredit.advantages import registry, trajectory_preference_loss
+from stepcredit.advantages import progress_loss, registry, trajectory_preference_loss
 from stepcredit.batch import StepRecord, Trajectory, collate
 from stepcredit.credit import compute_advantages
 from stepcredit.envs.base import Env
@@ -54,6 +57,7 @@ from stepcredit.llm import lora
 from stepcredit.llm import rollout
 from stepcredit.losses import kl_loss, value_loss
 from stepcredit.train import information_gain
+from stepcredit.train.progress import grounding_signal
 from stepcredit.train.vine import mc_value_array
 from stepcredit.train.update import LossConfig, make_optimizer, policy_loss
 
@@ -65,7 +69,7 @@ class LearnConfig:
     Attributes:
       estimator: a registered estimator that needs no progress estimator,
         Monte Carlo values or rollout trees (grpo, rloo, gigpo, grpo+empg,
-        step_gae, token_gae, rloo+istar, prime, igpo, vineppo, mt_grpo, ...); one
+        step_gae, token_gae, rloo+istar, prime, igpo, vineppo, spa, mt_grpo, ...); one
         that reads entropies gets the sampling policy's, re-scored before the
         update, one that reads a critic the value-head copy of the model, one
         that reads a PRM the PRM copy.
@@ -79,6 +83,8 @@ class LearnConfig:
         one (1e-5, verl's PPO critic beside a 1e-6 actor).
       prm_learning_rate, prm_rewards_from: the implicit PRM's AdamW rate (1e-6,
         iStar's authors) and which of its two states gives the step rewards.
+      progress_learning_rate, progress_steps: SPA's progress estimator: its
+        AdamW rate (3e-6, the authors') and its optimizer steps per iteration.
       lora_rank, lora_alpha: 0 trains every weight; r > 0 trains rank-r LoRA
         adapters scaled by alpha / r (`stepcredit.llm.lora`) over frozen
         weights, and the critic and PRM copies are adapters over the same ones.
@@ -106,6 +112,8 @@ class LearnConfig:
     prm_rewards_from: str = "post_update_prm"
     lora_rank: int = 0
     lora_alpha: float = 32.0
+    progress_learning_rate: float = 3e-6
+    progress_steps: int = 1
     loss: LossConfig = LossConfig()
     seed: int = 0
 
@@ -231,6 +239,16 @@ class Learner:
             self.prm_opt_state = jax.jit(self.prm_tx.init)(self.prm)
             self._prm_accumulate = jax.jit(self._prm_gradient, donate_argnums=3)
             self._prm_step = jax.jit(self._prm_apply)
+        self.progress = self.progress_opt_state = None
+        if entry.needs_progress:  # SPA: a value-head copy of the model scoring each step's progress
+            self.progress = {"trunk": _compiled_map(jnp.copy, self.params),
+                             "head": critics.init_head(qwen.model.config.embed_dim)}
+            self.progress_tx = make_optimizer(learning_rate=config.progress_learning_rate,
+                                              weight_decay=0.0, grad_clip=10.0)
+            self.progress_opt_state = jax.jit(self.progress_tx.init)(self.progress)
+            self._contributions = jax.jit(self._row_contributions)
+            self._progress_accumulate = jax.jit(self._progress_gradient, donate_argnums=3)
+            self._progress_step = jax.jit(self._progress_apply)
 
     def _weights(self, trainable, frozen):
         """The model's parameters, in its dtypes, from the trained tree: the float32 masters, or
@@ -250,17 +268,18 @@ class Learner:
     def _rows_per_call(self, count: int) -> int:
         return min(self.config.minibatch_rows or count, count)
 
-    def _per_chunk(self, rows: dict[str, np.ndarray], call: Callable[[dict], Any]) -> Any:
-        """`call` on the `tokens` and `mask` of `rows`, `minibatch_rows` rows at a time (the
-        last chunk padded), its outputs cut to the real rows and joined: the logits of a
-        whole batch, `[R, L, vocab]`, would not fit a real model's memory."""
+    def _per_chunk(self, rows: dict[str, np.ndarray], call: Callable[[dict], Any],
+                   keys: Sequence[str] = ("tokens", "mask")) -> Any:
+        """`call` on the `keys` of `rows`, `minibatch_rows` rows at a time (the last chunk
+        padded), its outputs cut to the real rows and joined: the logits of a whole batch,
+        `[R, L, vocab]`, would not fit a real model's memory."""
         count = rows["tokens"].shape[0]
         size = self._rows_per_call(count)
         outputs = []
         with jax.set_mesh(self.qwen.mesh):
             for begin in range(0, count, size):
                 index = np.arange(begin, min(begin + size, count))
-                chunk = _padded_rows({key: rows[key] for key in ("tokens", "mask")}, index, size)
+                chunk = _padded_rows({key: rows[key] for key in keys}, index, size)
                 outputs.append(jax.tree.map(lambda x: np.asarray(x)[:len(index)], call(chunk)))
         return jax.tree.map(lambda *parts: np.concatenate(parts), *outputs)
 
@@ -331,6 +350,64 @@ class Learner:
         if self.config.prm_rewards_from == "pre_update_prm":
             return before, out
         return _to_tokens(self.score(self.prm, rows, with_entropy=False)[0], rows, tokens), out
+
+    def _row_contributions(self, progress, frozen, rows):
+        """`[R]` c of each row: the head on the state after its last token, 0 without an action."""
+        out = critics.head_outputs(self.graphdef, self._weights(progress["trunk"], frozen), frozen["rest"],
+                                   progress["head"], rows)
+        last = jnp.maximum(rows["mask"].sum(axis=1) - 1, 0)
+        return jnp.where(rows["action_mask"].any(axis=1), out[jnp.arange(out.shape[0]), last], 0.0)
+
+    def _progress_gradient(self, progress, frozen, rows, grads):
+        def weighted(progress):
+            return jnp.sum(rows["weight"] * self._row_contributions(progress, frozen, rows))
+
+        return jax.tree.map(jnp.add, grads, jax.grad(weighted)(progress))
+
+    def _progress_apply(self, progress, opt_state, grads):
+        updates, opt_state = self.progress_tx.update(grads, opt_state, progress)
+        return optax.apply_updates(progress, updates), opt_state
+
+    def update_progress(self, rows: dict[str, np.ndarray], steps, trajectories: Sequence[Trajectory]
+                        ) -> tuple[dict[str, np.ndarray], dict[str, float]]:
+        """`progress_steps` optimizer steps of SPA's progress estimator on the batch (arXiv
+        2505.20732: the contributions c_t of a trajectory's steps fit its outcome, the score,
+        `advantages.progress_loss`), each gradient accumulated exactly over row chunks as the
+        PRM's; returns the credit inputs `progress` (`[B, T]` c_t after the steps) and
+        `grounding` (`train.progress.grounding_signal`), and `progress/loss` (before the
+        first step), `progress/loss_after`."""
+        b, t = rows["trajectory"], rows["step"]
+        mask, outcomes = np.asarray(steps.mask), np.asarray(steps.score)
+
+        def step_view(per_row):
+            view = np.zeros(mask.shape, np.float32)
+            view[b, t] = per_row
+            return view
+
+        def contributions():
+            return step_view(self._per_chunk(
+                rows, lambda chunk: self._contributions(self.progress, self.frozen, chunk),
+                keys=("tokens", "mask", "action_mask")))
+
+        losses = []
+        for _ in range(self.config.progress_steps):
+            loss, upstream = jax.value_and_grad(progress_loss)(jnp.asarray(contributions()), mask, outcomes)
+            losses.append(float(loss))
+            weights = np.asarray(upstream)[b, t]
+            count, size = len(weights), self._rows_per_call(len(weights))
+            with jax.set_mesh(self.qwen.mesh):
+                grads = _compiled_map(jnp.zeros_like, self.progress)
+                for begin in range(0, count, size):
+                    chunk = _padded_rows({"tokens": rows["tokens"], "mask": rows["mask"],
+                                          "action_mask": rows["action_mask"], "weight": weights},
+                                         np.arange(begin, min(begin + size, count)), size)
+                    grads = self._progress_accumulate(self.progress, self.frozen, chunk, grads)
+                self.progress, self.progress_opt_state = self._progress_step(
+                    self.progress, self.progress_opt_state, grads)
+        after = contributions()
+        loss_after = float(progress_loss(jnp.asarray(after), mask, outcomes))
+        return ({"progress": after, "grounding": grounding_signal(trajectories, mask.shape[1])},
+                {"progress/loss": losses[0] if losses else loss_after, "progress/loss_after": loss_after})
 
     def _train_step(self, params, opt_state, frozen, rows):
         loss_config = self.config.loss
@@ -406,6 +483,10 @@ class Learner:
                 inputs["answer_logp"], steps.mask, gain=self.estimator_config["gain"])
         if self.needs_mc_values:  # VinePPO: `stepcredit.llm.vine.with_mc_values` put them in the infos
             inputs["mc_values"] = mc_value_array(trajectories, steps.mask.shape[1])
+        if self.progress is not None:
+            progress_inputs, progress_metrics = self.update_progress(rows, steps, trajectories)
+            inputs.update(progress_inputs)
+            credit_metrics.update(progress_metrics)
         if self.prm is not None:  # pi_old: this update's starting policy, scored as the PRM is
             inputs["ref_logp"] = _to_tokens(self.score(self.params, rows, with_entropy=False)[0], rows,
                                             tokens)
@@ -413,7 +494,8 @@ class Learner:
             credit_metrics.update(prm_metrics)
         credit = compute_advantages(steps, tokens, self.config.estimator, token_values=token_values,
                                     **inputs, **self.estimator_config)
-        rows["advantages"] = step_rows(trajectories, credit.step_advantages)["advantages"]
+        # token-level credit on the rows' action tokens (a step estimator's is its step's, broadcast)
+        rows["advantages"] = _to_rows(np.asarray(credit.token_advantages), rows, tokens)
         if self.critic is not None:
             rows["returns"], rows["value_mask"] = self._value_targets(credit.returns, rows, tokens)
         count = rows["tokens"].shape[0]
@@ -486,7 +568,8 @@ class Learner:
 
     def as_tree(self) -> dict[str, Any]:
         """The checkpoint layout: the float32 master parameters, optimizer state, the
-        reference, the critic and the PRM with their optimizer states (when kept)."""
+        reference, the critic, the PRM and SPA's progress estimator with their optimizer
+        states (when kept)."""
         tree = {"params": self.params, "opt": self.opt_state}
         if self.reference is not None:
             tree["reference"] = self.reference
@@ -494,6 +577,8 @@ class Learner:
             tree["critic"], tree["critic_opt"] = self.critic, self.critic_opt_state
         if self.prm is not None:
             tree["prm"], tree["prm_opt"] = self.prm, self.prm_opt_state
+        if self.progress is not None:
+            tree["progress"], tree["progress_opt"] = self.progress, self.progress_opt_state
         return tree
 
     def load(self, tree: dict[str, Any]) -> None:
@@ -519,6 +604,8 @@ class Learner:
         self.critic_opt_state = tree.get("critic_opt", self.critic_opt_state)
         self.prm = tree.get("prm", self.prm)
         self.prm_opt_state = tree.get("prm_opt", self.prm_opt_state)
+        self.progress = tree.get("progress", self.progress)
+        self.progress_opt_state = tree.get("progress_opt", self.progress_opt_state)
         nnx.update(self.qwen.model, self._merge(self.params, self.frozen))
 
 

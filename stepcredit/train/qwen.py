@@ -13,8 +13,9 @@ frozen copy of the model). Checkpoints hold the parameters, the optimizer
 state and the reference.
 
 Settings of `TrainConfig` this path does not implement are refused in one
-line naming them (`unsupported_settings`), as are estimators that read a
-progress estimator. Tree-GRPO's forests are played by `stepcredit.llm.tree`
+line naming them (`unsupported_settings`); every registered estimator runs.
+SPA's progress estimator is a value-head copy of the model
+(`Learner.update_progress`). Tree-GRPO's forests are played by `stepcredit.llm.tree`
 (random branching). VinePPO's Monte Carlo values come from
 `vine_rollouts` continuations of the chat model from every visited state
 (`stepcredit.llm.vine`). IGPO's answer beliefs
@@ -56,7 +57,7 @@ HONOURED = frozenset({
     "minibatch_rows", "eval_every", "eval_tasks", "eval_temperature", "checkpoint_every", "logdir",
     "time_limit_minutes", "policy", "model_dir", "param_dtype", "prm_learning_rate", "prm_rewards_from",
     "lora_rank", "lora_alpha", "dynamic_sampling", "vine_rollouts", "tree_count", "tree_branches",
-    "tree_rounds", "tree_branching",
+    "tree_rounds", "tree_branching", "progress_learning_rate", "progress_steps",
     "rollout.temperature", "rollout.max_action_tokens", "rollout.history_window",
     "rollout.invalid_action_penalty",
     "loss.clip_low", "loss.clip_high", "loss.agg", "loss.max_response_length", "loss.step_level_ratio",
@@ -68,10 +69,8 @@ HONOURED = frozenset({
 # over minibatches of 256 rows, answers up to 512 tokens, the two latest turns shown).
 DEFAULTS = {"learning_rate": 1e-6, "epochs": 1, "minibatch_rows": 256,
             "rollout.max_action_tokens": 512, "rollout.history_window": 2,
-            "prm_learning_rate": 1e-6}  # iStar's PRM, arXiv 2509.19199
-
-# Registry needs the Qwen path does not provide yet, and what each is.
-_MISSING_INPUTS = (("needs_progress", "a progress estimator"),)
+            "prm_learning_rate": 1e-6,  # iStar's PRM, arXiv 2509.19199
+            "progress_learning_rate": 3e-6}  # SPA's progress estimator, arXiv 2505.20732
 
 
 def unsupported_settings(config: TrainConfig) -> list[str]:
@@ -87,10 +86,6 @@ def check_config(config: TrainConfig) -> None:
         raise ValueError(f"--policy qwen does not implement {'; '.join(ignored)} (default -> given); "
                          "leave them at their defaults")
     entry = adv.get(config.estimator)
-    missing = [what for need, what in _MISSING_INPUTS if getattr(entry, need)]
-    if missing:
-        raise ValueError(f"--policy qwen: estimator {config.estimator!r} needs {', '.join(missing)}, "
-                         "which the Qwen path does not provide yet")
     if entry.recipe.rollout_trees and config.tree_branching != "random":
         raise ValueError(f"--policy qwen: tree_branching={config.tree_branching!r}; the chat sampler "
                          "records no entropies, so its trees branch at random")
@@ -170,6 +165,7 @@ class QwenTrainer(Trainer):
             learning_rate=c.learning_rate, weight_decay=c.weight_decay, grad_clip=c.grad_clip,
             epochs=c.epochs, minibatch_rows=c.minibatch_rows, prm_learning_rate=c.prm_learning_rate,
             prm_rewards_from=c.prm_rewards_from, lora_rank=c.lora_rank, lora_alpha=c.lora_alpha,
+            progress_learning_rate=c.progress_learning_rate, progress_steps=c.progress_steps,
             loss=c.loss, seed=c.seed)
         self.learner = learn.Learner(self.qwen, self.learn_config)
         entry = adv.get(c.estimator)

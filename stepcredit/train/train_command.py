@@ -88,8 +88,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--prm-learning-rate", type=float, default=None,
                         help="learning rate of the implicit PRM (estimators istar, rloo+istar, prime; "
                              "default: 1e-4; 1e-6 with --policy qwen)")
-    parser.add_argument("--progress-learning-rate", type=float, default=1e-4,
-                        help="learning rate of SPA's progress estimator (estimator spa)")
+    parser.add_argument("--progress-learning-rate", type=float, default=None,
+                        help="learning rate of SPA's progress estimator (estimator spa; default: "
+                             "1e-4; 3e-6 with --policy qwen)")
     parser.add_argument("--progress-steps", type=int, default=1,
                         help="optimizer steps of SPA's progress estimator per iteration")
     parser.add_argument("--devices", type=int, default=0,
@@ -171,6 +172,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 # Flags whose default depends on --policy, and the config field each sets.
 _POLICY_DEFAULTED = {"learning_rate": "learning_rate", "prm_learning_rate": "prm_learning_rate",
+                     "progress_learning_rate": "progress_learning_rate",
                      "epochs": "epochs",
                      "minibatch_rows": "minibatch_rows", "max_action_tokens": "rollout.max_action_tokens",
                      "history_window": "rollout.history_window"}

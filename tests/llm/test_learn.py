@@ -263,3 +263,19 @@ def test_answer_beliefs_are_the_mean_log_prob_of_the_answer_after_each_prompt(tm
         expected = np.mean([float(logp[start + k - 1, token]) for k, token in enumerate(ids)])
         np.testing.assert_allclose(beliefs[0, t], expected, atol=1e-5)
     np.testing.assert_array_equal(learner.answer_beliefs(trajectories, None), np.zeros((2, 2)))
+
+
+def test_the_progress_estimator_fits_outcomes_with_the_same_steps_in_chunks_or_whole(tmp_path):
+    from stepcredit.batch import collate
+
+    settings = dict(estimator="spa", progress_learning_rate=3e-3, progress_steps=3)
+    chunked = _learner(tmp_path / "a", minibatch_rows=1, **settings)
+    whole = _learner(tmp_path / "b", **settings)
+    trajectories, rows = _group(chunked, [[30, 31], [40, 41], [50]], [1.0, 0.0, 0.5])
+    steps, _, _ = collate(trajectories, with_observations=False)
+    fitted = [learner.update_progress(rows, steps, trajectories) for learner in (chunked, whole)]
+    (inputs, metrics), (whole_inputs, _) = fitted
+    np.testing.assert_allclose(inputs["progress"], whole_inputs["progress"], atol=1e-5)
+    assert metrics["progress/loss"] == pytest.approx(np.mean(np.square([1.0, 0.0, 0.5])))  # c = 0 at first
+    assert metrics["progress/loss_after"] < 0.5 * metrics["progress/loss"]
+    assert inputs["grounding"].tolist() == [[True]] * 3

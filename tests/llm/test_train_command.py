@@ -11,6 +11,7 @@ pytest.importorskip("tunix", reason="the llm tests need the tunix extra")
 from flax import nnx  # noqa: E402
 
 from stepcredit.envs import registry as envs  # noqa: E402
+from stepcredit import advantages  # noqa: E402
 from stepcredit.cli import main  # noqa: E402
 from stepcredit.llm import checkpoint  # noqa: E402
 from stepcredit.train.config import TrainConfig  # noqa: E402
@@ -52,7 +53,9 @@ def toy_env():
     ("qwen3", letters.NAME, "dapo+empg", [], False),
     ("qwen2", "hotpotqa", "igpo", [], False),
     ("qwen3", "hotpotqa", "vineppo", ["--vine-rollouts", "2"], False),
-    ("qwen2", "hotpotqa", "tree_grpo", ["--group-size", "4"], False)])
+    ("qwen2", "hotpotqa", "tree_grpo", ["--group-size", "4"], False),
+    ("qwen2", letters.NAME, "spa", ["--progress-learning-rate", "1e-3"], False),
+    ("qwen3", letters.NAME, "token_gae", [], False)])
 def test_train_policy_qwen_learns_logs_checkpoints_and_resumes(tmp_path, toy_env, family, env, estimator,
                                                                extra, resume):
     model_dir, logdir = tmp_path / "model", tmp_path / "run"
@@ -65,7 +68,7 @@ def test_train_policy_qwen_learns_logs_checkpoints_and_resumes(tmp_path, toy_env
     assert [row["iteration"] for row in trained] == [0]
     assert all(np.isfinite(row["loss/total"]) and row["rows"] > 0 for row in trained)
     assert all(0 <= row["rollout/success"] <= 1 for row in trained)
-    critic = estimator == "step_gae"  # its value-head copy of the model learns beside the policy
+    critic = advantages.get(estimator).needs_critic  # a value-head copy of the model learns beside
     assert all(("loss/value" in row) == critic and np.isfinite(row.get("loss/value", 0.0)) for row in trained)
     prm = estimator == "rloo+istar"  # its PRM copy takes a preference step each iteration
     assert all(("prm/loss" in row) == prm and np.isfinite(row.get("prm/loss", 0.0)) for row in trained)
@@ -74,6 +77,8 @@ def test_train_policy_qwen_learns_logs_checkpoints_and_resumes(tmp_path, toy_env
     assert all(("dapo/sampling_rounds" in row) == dapo for row in trained)
     forest = estimator == "tree_grpo"  # 4 leaves per task: one tree, a root and 3 branches
     assert all(row.get("tree/leaves", 4) == 4 and ("tree/leaves" in row) == forest for row in trained)
+    spa = estimator == "spa"  # its progress estimator takes a step on the batch before the credit
+    assert all(("progress/loss_after" in row) == spa for row in trained)
     vine = estimator == "vineppo"  # two continuations from every visited state
     assert all(("vine/states" in row) == vine and row.get("vine/env_steps", 1) > 0 for row in trained)
     igpo = estimator == "igpo"  # HotpotQA's answer, teacher-forced after each step's prompt
@@ -121,7 +126,8 @@ def test_policy_qwen_takes_chat_model_defaults_where_no_flag_is_given():
               "minibatch_rows": qwen.minibatch_rows,
               "rollout.max_action_tokens": qwen.rollout.max_action_tokens,
               "rollout.history_window": qwen.rollout.history_window,
-              "prm_learning_rate": qwen.prm_learning_rate}
+              "prm_learning_rate": qwen.prm_learning_rate,
+              "progress_learning_rate": qwen.progress_learning_rate}
     assert picked == DEFAULTS and picked["learning_rate"] == 1e-6
     assert word.learning_rate == TrainConfig().learning_rate == 3e-4 and word.rollout.max_action_tokens == 12
     given = build_parser().parse_args(["train", "--policy", "qwen", "--model-dir", "m", "--epochs", "3"])
@@ -132,7 +138,6 @@ def test_train_policy_qwen_refuses_what_it_does_not_implement(tmp_path, capsys):
     model_dir = tmp_path / "model"
     base = ["train", "--policy", "qwen", "--model-dir", str(model_dir), "--logdir", str(tmp_path / "run")]
     for extra, message in ((["--d-model", "64"], "does not implement d_model: 256 -> 64"),
-                           (["--estimator", "spa"], "estimator 'spa' needs a progress estimator"),
                            (["--estimator", "tree_grpo", "--tree-branching", "entropy"],
                             "records no entropies, so its trees branch at random"),
                            (["--model-dir", None], "model_dir is given with 'qwen' only")):
