@@ -5,8 +5,9 @@ then measures, in one run:
 
   - rollout: `stepcredit.llm.generate.sample` on B prompts of P tokens, N new tokens
     each, in generated tokens per second (the first call, which compiles, is not timed);
-  - update: one Adam step of a policy-gradient loss, -mean(A * log pi(x_n)) over the
-    sampled tokens of `[B, P + N]` rows, forward and backward, in tokens per second.
+  - update: one `stepcredit.llm.learn.Learner.learn` call on B one-step episodes of
+    P + N tokens (GRPO credit, the step rows, one AdamW step of PPO's clipped loss on
+    float32 master parameters), in tokens per second (the first call is not timed).
 
     python -m benchmarks.llm_throughput                # the 0.5B shape (a GPU run)
     python -m benchmarks.llm_throughput --tiny         # a 2-layer shape, a CPU check
@@ -24,10 +25,10 @@ import time
 import jax
 import jax.numpy as jnp
 import numpy as np
-import optax
 from flax import nnx
 
-from stepcredit.llm import checkpoint, generate
+from stepcredit.batch import StepRecord, Trajectory
+from stepcredit.llm import checkpoint, generate, learn
 
 
 def build(tiny: bool, dtype: str):
@@ -82,35 +83,25 @@ def rollout(qwen, batch: int, prompt: int, new: int, repeats: int):
     return sum(len(ids) for ids in out.ids) / seconds, seconds
 
 
-def update(qwen, batch: int, length: int, repeats: int):
+def update(qwen, batch: int, prompt: int, new: int, repeats: int):
+    """One `Learner.learn` call on a group of B one-step episodes (GRPO credit, the rows
+    packed, one AdamW step of PPO's clipped loss over B x (P + N) tokens on float32 masters)."""
     rng = np.random.default_rng(1)
-    tokens = jnp.asarray(rng.integers(1, qwen.config.vocab_size, (batch, length)), jnp.int32)
-    advantages = jnp.asarray(rng.normal(size=(batch, length - 1)), jnp.float32)
-    positions, attention = checkpoint.attention_inputs(jnp.ones((batch, length), bool))
-    graphdef, params, rest = nnx.split(qwen.model, nnx.Param, ...)
-    optimizer = optax.adam(1e-5)
+    vocab = qwen.config.vocab_size
 
-    def loss_fn(params):
-        logits, _ = nnx.merge(graphdef, params, rest)(tokens, positions, None, attention)
-        logp = jax.nn.log_softmax(logits[:, :-1].astype(jnp.float32), axis=-1)
-        taken = jnp.take_along_axis(logp, tokens[:, 1:, None], axis=-1)[..., 0]
-        return -jnp.mean(advantages * taken)
+    def batch_of_steps():
+        return [Trajectory(steps=(StepRecord(
+            observation_ids=[], action_ids=rng.integers(1, vocab, new).tolist(), action_logp=[-1.0] * new,
+            reward=float(rng.normal()), prompt_ids=rng.integers(1, vocab, prompt).tolist()),), group_id=0)
+            for _ in range(batch)]
 
-    @jax.jit
-    def step(params, opt_state):
-        loss, grads = jax.value_and_grad(loss_fn)(params)
-        updates, opt_state = optimizer.update(grads, opt_state, params)
-        return optax.apply_updates(params, updates), opt_state, loss
-
-    with jax.set_mesh(qwen.mesh):
-        opt_state = optimizer.init(params)
-        params, opt_state, loss = jax.block_until_ready(step(params, opt_state))  # compiles
-        start = time.perf_counter()
-        for _ in range(repeats):
-            params, opt_state, loss = step(params, opt_state)
-        jax.block_until_ready(loss)
+    learner = learn.Learner(qwen, learn.LearnConfig(estimator="grpo", minibatch_rows=batch))
+    jax.block_until_ready(learner.learn(batch_of_steps(), iteration=0))  # compiles
+    start = time.perf_counter()
+    for iteration in range(1, repeats + 1):
+        jax.block_until_ready(learner.learn(batch_of_steps(), iteration=iteration))
     seconds = (time.perf_counter() - start) / repeats
-    return batch * length / seconds, seconds
+    return batch * (prompt + new) / seconds, seconds
 
 
 def main(argv=None):
@@ -128,7 +119,7 @@ def main(argv=None):
     new = args.new or (8 if args.tiny else 256)
     qwen = build(args.tiny, args.dtype)
     rollout_rate, rollout_s = rollout(qwen, batch, prompt, new, args.repeats)
-    update_rate, update_s = update(qwen, batch, prompt + new, args.repeats)
+    update_rate, update_s = update(qwen, batch, prompt, new, args.repeats)
     shape = "2-layer tiny Qwen2" if args.tiny else "Qwen2.5-0.5B shape"
     lines = [f"# LLM throughput: {shape}, {args.dtype}, random weights",
              "",
@@ -139,7 +130,8 @@ def main(argv=None):
              "| phase | seconds per call | tokens per second |",
              "|---|---:|---:|",
              f"| rollout (`generate.sample`, N new tokens per row) | {rollout_s:.3f} | {rollout_rate:,.0f} |",
-             f"| update (one Adam step over B x (P + N) tokens) | {update_s:.3f} | {update_rate:,.0f} |"]
+             f"| update (`Learner.learn`: credit and one AdamW PPO step over B x (P + N) tokens) "
+             f"| {update_s:.3f} | {update_rate:,.0f} |"]
     text = "\n".join(lines) + "\n"
     print(text)
     if args.output:

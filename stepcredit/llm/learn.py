@@ -214,8 +214,6 @@ class Learner:
         self.reference = _compiled_map(jnp.copy, initial) if config.loss.kl_coef else None
         entry = registry.get(config.estimator)
         self.estimator_config = entry.resolve(dict(config.estimator_config))
-        self._step = jax.jit(self._train_step)
-        self._merge = jax.jit(self._weights)
         self._score = jax.jit(self._scores, static_argnames="with_entropy")
         self.needs_entropy = entry.needs_entropy
         self.needs_information_gain = entry.needs_information_gain
@@ -230,15 +228,12 @@ class Learner:
                                             weight_decay=config.weight_decay, grad_clip=config.grad_clip)
             self.critic_opt_state = jax.jit(self.critic_tx.init)(self.critic)
             self._values = jax.jit(self._critic_values)
-            self._critic_step = jax.jit(self._train_critic_step)
         self.prm = self.prm_opt_state = None
         if entry.needs_prm:
             self.prm = _compiled_map(jnp.copy, self.params)
             self.prm_tx = make_optimizer(learning_rate=config.prm_learning_rate, weight_decay=0.0,
                                          grad_clip=10.0)
             self.prm_opt_state = jax.jit(self.prm_tx.init)(self.prm)
-            self._prm_accumulate = jax.jit(self._prm_gradient, donate_argnums=3)
-            self._prm_step = jax.jit(self._prm_apply)
         self.progress = self.progress_opt_state = None
         if entry.needs_progress:  # SPA: a value-head copy of the model scoring each step's progress
             self.progress = {"trunk": _compiled_map(jnp.copy, self.params),
@@ -247,8 +242,33 @@ class Learner:
                                               weight_decay=0.0, grad_clip=10.0)
             self.progress_opt_state = jax.jit(self.progress_tx.init)(self.progress)
             self._contributions = jax.jit(self._row_contributions)
-            self._progress_accumulate = jax.jit(self._progress_gradient, donate_argnums=3)
-            self._progress_step = jax.jit(self._progress_apply)
+        self._adopt(self.as_tree())
+        self._compile_updates(params)
+
+    def _compile_updates(self, params) -> None:
+        """The update functions, their outputs pinned to their inputs' placement: left to
+        itself, sharding propagation over several devices shards some replicated leaves
+        (norms, biases, counts), and the next call would compile again for the new layout."""
+        replicated = jax.sharding.NamedSharding(self.qwen.mesh, jax.sharding.PartitionSpec())
+
+        def placed(*trees):
+            return tuple(jax.tree.map(lambda x: x.sharding, tree) for tree in trees)
+
+        self._step = jax.jit(self._train_step,
+                             out_shardings=(*placed(self.params, self.opt_state), replicated))
+        self._merge = jax.jit(self._weights, out_shardings=placed(params)[0])
+        if self.critic is not None:
+            self._critic_step = jax.jit(self._train_critic_step, out_shardings=(
+                *placed(self.critic, self.critic_opt_state), replicated))
+        if self.prm is not None:
+            self._prm_accumulate = jax.jit(self._prm_gradient, donate_argnums=3,
+                                           out_shardings=placed(self.prm)[0])
+            self._prm_step = jax.jit(self._prm_apply, out_shardings=placed(self.prm, self.prm_opt_state))
+        if self.progress is not None:
+            self._progress_accumulate = jax.jit(self._progress_gradient, donate_argnums=3,
+                                                out_shardings=placed(self.progress)[0])
+            self._progress_step = jax.jit(self._progress_apply,
+                                          out_shardings=placed(self.progress, self.progress_opt_state))
 
     def _weights(self, trainable, frozen):
         """The model's parameters, in its dtypes, from the trained tree: the float32 masters, or
@@ -566,28 +586,11 @@ class Learner:
         targets[np.arange(len(first)), first] = returns[b, t]
         return np.where(mask, targets, 0.0).astype(np.float32), mask
 
-    def as_tree(self) -> dict[str, Any]:
-        """The checkpoint layout: the float32 master parameters, optimizer state, the
-        reference, the critic, the PRM and SPA's progress estimator with their optimizer
-        states (when kept)."""
-        tree = {"params": self.params, "opt": self.opt_state}
-        if self.reference is not None:
-            tree["reference"] = self.reference
-        if self.critic is not None:
-            tree["critic"], tree["critic_opt"] = self.critic, self.critic_opt_state
-        if self.prm is not None:
-            tree["prm"], tree["prm_opt"] = self.prm, self.prm_opt_state
-        if self.progress is not None:
-            tree["progress"], tree["progress_opt"] = self.progress, self.progress_opt_state
-        return tree
-
-    def load(self, tree: dict[str, Any]) -> None:
-        """Takes the state of `as_tree` (a restored checkpoint) into the learner and the model.
-
-        Each restored array is placed as the learner's own: parameters keep their
-        sharding over the model's mesh; the rest (optimizer counts and moments
-        of unsharded leaves) is replicated over it, as jit under the mesh expects.
-        """
+    def _adopt(self, tree: dict[str, Any]) -> None:
+        """Takes `tree` (the layout of `as_tree`) as the learner's state, each array placed as
+        the learner's own: parameters keep their sharding over the model's mesh; the rest
+        (optimizer counts, heads, adapters, moments of unsharded leaves) is replicated over it,
+        as jit under the mesh returns them (so the second update compiles nothing new)."""
         replicated = jax.sharding.NamedSharding(self.qwen.mesh, jax.sharding.PartitionSpec())
 
         def placed(restored, current):
@@ -606,6 +609,25 @@ class Learner:
         self.prm_opt_state = tree.get("prm_opt", self.prm_opt_state)
         self.progress = tree.get("progress", self.progress)
         self.progress_opt_state = tree.get("progress_opt", self.progress_opt_state)
+
+    def as_tree(self) -> dict[str, Any]:
+        """The checkpoint layout: the float32 master parameters, optimizer state, the
+        reference, the critic, the PRM and SPA's progress estimator with their optimizer
+        states (when kept)."""
+        tree = {"params": self.params, "opt": self.opt_state}
+        if self.reference is not None:
+            tree["reference"] = self.reference
+        if self.critic is not None:
+            tree["critic"], tree["critic_opt"] = self.critic, self.critic_opt_state
+        if self.prm is not None:
+            tree["prm"], tree["prm_opt"] = self.prm, self.prm_opt_state
+        if self.progress is not None:
+            tree["progress"], tree["progress_opt"] = self.progress, self.progress_opt_state
+        return tree
+
+    def load(self, tree: dict[str, Any]) -> None:
+        """Takes the state of `as_tree` (a restored checkpoint) into the learner and the model."""
+        self._adopt(tree)
         nnx.update(self.qwen.model, self._merge(self.params, self.frozen))
 
 

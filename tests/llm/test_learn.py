@@ -87,6 +87,8 @@ def test_learn_raises_the_rewarded_answer_and_lowers_the_others_under_the_kl_ter
     assert metrics["rows"] == 4 and metrics["loss/policy"] < 0  # GRPO: +1.5 / -0.5 advantages
     assert after[0] > before[0] + 0.05 and np.all(after[1:] < before[1:])
     assert metrics["loss/kl"] > 0  # the second epoch's minibatches have left the reference
+    learner.learn(trajectories, iteration=1)  # state placed as the update returns it: no recompile
+    assert learner._step._cache_size() == 1
     np.testing.assert_allclose(learner.score(learner.reference, rows, with_entropy=False)[0],
                                learner.score(_learner(tmp_path).params, rows, with_entropy=False)[0],
                                atol=1e-6)  # the reference is the initial model, untouched
