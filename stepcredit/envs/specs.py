@@ -47,6 +47,11 @@ class TaskSet:
     def close(self) -> None:
         self.env.close()
 
+    def __getattr__(self, name: str) -> Any:  # the rest (reference_answer, answer_action, ...)
+        if name == "env":
+            raise AttributeError(name)
+        return getattr(self.env, name)
+
 
 def kind(spec: str) -> str:
     """"registered", "served" or "textworld"; ValueError, naming the forms, for anything else."""
@@ -101,12 +106,17 @@ def _served(spec: str, max_steps: int | None) -> Env:
         raise ValueError(f"env {spec!r}: tasks={tasks!r}; it must be a positive integer")
     env = HttpEnv(urllib.parse.urlunsplit((url.scheme, url.netloc, url.path, "", "")),
                   query.get("schema", "stepcredit"), max_steps=max_steps)
-    count = int(tasks) if tasks is not None else env.num_tasks
-    if count is None:
+    served, problem = env.num_tasks, None
+    if tasks is None and served is None:
+        problem = "the server does not report its task count; name it, e.g. ?tasks=100"
+    elif served is not None and served < 1:
+        problem = f"the server reports {served} tasks"
+    elif served is not None and tasks is not None and int(tasks) > served:
+        problem = f"tasks={tasks}, but the server has {served}"
+    if problem:
         env.close()
-        raise ValueError(f"env {spec!r}: the server does not report its task count; name it, "
-                         "e.g. ?tasks=100")
-    return TaskSet(env, int(count))
+        raise ValueError(f"env {spec!r}: {problem}")
+    return TaskSet(env, int(tasks) if tasks is not None else int(served))
 
 
 def _textworld(pattern: str, max_steps: int | None) -> Env:

@@ -58,7 +58,7 @@ def sample(checkpoint: Checkpoint, prompts: Sequence[Sequence[int]], *, max_new_
       prompts: token-id lists, one per row (rows with the same prompt are
         independent draws).
       max_new_tokens: most tokens sampled per row.
-      seed: this call's seed (required: tunix reuses one key otherwise).
+      seed: this call's seed, any integer (required: tunix reuses one key otherwise).
       temperature: > 0 samples, 0 takes the argmax.
       top_p: nucleus mass (1 or None keeps all tokens); ignored when greedy.
       stop_ids: tokens that end a row; default the tokenizer's end token.
@@ -82,7 +82,9 @@ def sample(checkpoint: Checkpoint, prompts: Sequence[Sequence[int]], *, max_new_
         # tunix samples only with a top_p (or top_k); None would make it greedy
         temperature=1.0 if greedy else float(temperature),
         top_p=None if greedy else (1.0 if top_p is None else top_p),
-        seed=jax.random.PRNGKey(int(seed)))
+        # a key holds 32 bits of its seed: larger seeds (the rollouts' mixes) are taken mod 2^32,
+        # as PRNGKey itself would, instead of overflowing its int64 conversion
+        seed=jax.random.PRNGKey(int(seed) % 2**32))
     ids = [np.asarray(t, np.int32) for t in out.tokens]
     logprobs = [np.asarray(lp, np.float32)[:len(t)] for lp, t in zip(out.logprobs, ids)]
     return Samples(ids, logprobs)

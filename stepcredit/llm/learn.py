@@ -1,4 +1,4 @@
-"""Training a chat-model policy on stepcredit environments with any critic-free estimator.
+"""Training a chat-model policy on stepcredit environments with any registered estimator.
 
 One iteration: for each of K tasks, `rollout.play_group` plays G episodes;
 `compute_advantages` gives every step its advantage; each step becomes one row
@@ -8,8 +8,9 @@ minibatches of those rows on the trainer's policy loss
 (`stepcredit.train.update.policy_loss`: PPO's clipped surrogate, or StepPO's
 step ratio) against the log-probs stored at sampling, plus `kl_coef` times the
 KL to a frozen copy of the initial model. Rows are right-padded to a power of
-two; a short last minibatch is padded with empty rows (no action tokens), so
-each row length compiles one update.
+two; a short last minibatch is padded with empty rows (no action tokens), and a
+batch of fewer rows than `minibatch_rows` to the next power of two, so a few
+(row count, row length) shapes compile one update each.
 
 An estimator that reads a critic (step GAE, StepPO's turn PPO, token GAE) gets
 one: a copy of the model with a value head (`stepcredit.llm.critic`), scored on
@@ -67,12 +68,13 @@ class LearnConfig:
     """Settings of `Learner` and `play_batch`.
 
     Attributes:
-      estimator: a registered estimator that needs no progress estimator,
-        Monte Carlo values or rollout trees (grpo, rloo, gigpo, grpo+empg,
-        step_gae, token_gae, rloo+istar, prime, igpo, vineppo, spa, mt_grpo, ...); one
-        that reads entropies gets the sampling policy's, re-scored before the
-        update, one that reads a critic the value-head copy of the model, one
-        that reads a PRM the PRM copy.
+      estimator: a registered estimator (grpo, rloo, gigpo, grpo+empg,
+        step_gae, token_gae, rloo+istar, prime, igpo, spa, ...); one that reads
+        entropies gets the sampling policy's, re-scored before the update, one
+        that reads a critic the value-head copy of the model, one that reads a
+        PRM the PRM copy, SPA its progress estimator. Monte Carlo values
+        (VinePPO) and rollout trees (Tree-GRPO) come with the trajectories
+        (`stepcredit.llm.vine`, `stepcredit.llm.tree`).
       estimator_config: (name, value) pairs overriding its defaults.
       iterations, tasks_per_iteration, group_size: K tasks x G episodes each.
       max_new_tokens, temperature, window: sampling and prompt settings.
@@ -136,7 +138,8 @@ def step_rows(trajectories: Sequence[Trajectory], step_advantages) -> dict[str, 
     if advantages.ndim != 2 or advantages.shape[0] != needed[0] or advantages.shape[1] < needed[1]:
         raise ValueError(f"step_rows: step_advantages has shape {advantages.shape}; it must be [B, T] with "
                          f"B = {needed[0]} trajectories and T >= their longest, {needed[1]} steps")
-    longest = max(len(step.prompt_ids) + len(step.action_ids) for _, _, step in records)
+    # An empty action counts one token: the value after its prompt (position len(prompt)) exists.
+    longest = max(len(step.prompt_ids) + max(len(step.action_ids), 1) for _, _, step in records)
     shape = (len(records), 1 << (longest - 1).bit_length())  # a power of two: few compiled shapes
     out = {"tokens": np.zeros(shape, np.int32), "mask": np.zeros(shape, bool),
            "action_mask": np.zeros(shape, bool), "old_logp": np.zeros(shape, np.float32),
@@ -286,7 +289,11 @@ class Learner:
         return self.config.temperature if self.config.temperature > 0 else 1.0
 
     def _rows_per_call(self, count: int) -> int:
-        return min(self.config.minibatch_rows or count, count)
+        """Rows per compiled call: `minibatch_rows` (all rows when 0), or for fewer rows the next
+        power of two, so that batches of varying size share a few compiled shapes."""
+        fitted = 1 << (count - 1).bit_length()
+        size = self.config.minibatch_rows or fitted
+        return size if count >= size else min(size, fitted)
 
     def _per_chunk(self, rows: dict[str, np.ndarray], call: Callable[[dict], Any],
                    keys: Sequence[str] = ("tokens", "mask")) -> Any:

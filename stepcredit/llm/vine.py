@@ -31,7 +31,11 @@ from stepcredit.envs.base import Env
 from stepcredit.keys import stable_key
 from stepcredit.llm import rollout
 from stepcredit.llm.checkpoint import Checkpoint
-from stepcredit.train.vine import MAX_ENVIRONMENTS, MC_VALUE, VINE_STREAM, BranchPoint
+from stepcredit.train.vine import MC_VALUE, VINE_STREAM, BranchPoint
+
+# The most continuations sampled in one call: a rollout batch of GiGPO's recipe (16 tasks x 8),
+# whose KV cache a 7B model's GPU holds (the word policy's 1024 would not fit).
+CONTINUATIONS_PER_CALL = 128
 
 
 def branch_points(env, tasks: Sequence[Any], trajectories: Sequence[Trajectory]
@@ -78,7 +82,7 @@ def with_mc_values(qwen: Checkpoint, make_env: Callable[[], Env], tasks: Sequenc
       make_env: a fresh simulator of the batch's config.
       tasks: each group's task.
       rollouts: K, continuations per state.
-      seed: the continuations' sampling seed (chunk c of `MAX_ENVIRONMENTS`
+      seed: the continuations' sampling seed (chunk c of `CONTINUATIONS_PER_CALL`
         continuations samples with seed + c).
       max_new_tokens, temperature, window, invalid_action_penalty: the batch's.
     """
@@ -90,8 +94,8 @@ def with_mc_values(qwen: Checkpoint, make_env: Callable[[], Env], tasks: Sequenc
         env.close()
     starts = [p for p in range(len(points)) for _ in range(rollouts)]
     returns, env_steps = np.zeros(len(starts)), 0
-    for c, begin in enumerate(range(0, len(starts), MAX_ENVIRONMENTS)):
-        chunk = starts[begin:begin + MAX_ENVIRONMENTS]
+    for c, begin in enumerate(range(0, len(starts), CONTINUATIONS_PER_CALL)):
+        chunk = starts[begin:begin + CONTINUATIONS_PER_CALL]
         envs = [make_env() for _ in chunk]
         try:
             for env, p in zip(envs, chunk):

@@ -9,8 +9,13 @@ choice, `collection.iteration_tasks`), G episodes each, as chats
 (`stepcredit.llm.rollout.play_group`: token-exact step rows of what the model
 saw and sampled), and learns from them (`stepcredit.llm.learn.Learner`: the
 estimator's credit, then PPO or StepPO's step ratio with an optional KL to a
-frozen copy of the model). Checkpoints hold the parameters, the optimizer
-state and the reference.
+frozen copy of the model). Checkpoints hold `Learner.as_tree`: the trained
+parameters (or LoRA adapters), the optimizer states, and the reference, critic,
+PRM and progress estimator where the run keeps them.
+
+The chat-model defaults (`DEFAULTS`) are what `stepcredit train --policy qwen`
+fills in for flags left unset; a `TrainConfig` built in Python holds what it
+says (the word model's defaults where it says nothing), so set those fields.
 
 Settings of `TrainConfig` this path does not implement are refused in one
 line naming them (`unsupported_settings`); every registered estimator runs.
@@ -90,7 +95,7 @@ def check_config(config: TrainConfig) -> None:
         raise ValueError(f"--policy qwen: tree_branching={config.tree_branching!r}; the chat sampler "
                          "records no entropies, so its trees branch at random")
     if entry.recipe.rollout_trees and config.dynamic_sampling:
-        raise ValueError(f"TrainConfig: dynamic sampling refills groups of group_size rollouts; "
+        raise ValueError(f"--policy qwen: dynamic_sampling=True refills groups of group_size rollouts; "
                          f"{config.estimator!r} plays trees, which it cannot refill")
     if entry.needs_groups and config.group_size < 2:
         raise ValueError(f"TrainConfig: group_size={config.group_size}, but {config.estimator!r} "

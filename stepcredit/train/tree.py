@@ -164,6 +164,11 @@ class Recording:
     def close(self) -> None:
         self.env.close()
 
+    def __getattr__(self, name: str) -> Any:  # the rest (reference_answer, answer_action, ...)
+        if name == "env":
+            raise AttributeError(name)
+        return getattr(self.env, name)
+
 
 def expandable(starts: Sequence[int], lengths: Sequence[int]) -> list[tuple[int, int]]:
     """A tree's nodes that can be expanded, as (leaf, prefix): the branch keeps leaf's

@@ -25,8 +25,10 @@ def test_a_stepcredit_server_reports_its_tasks_and_plays_as_the_simulator():
         assert env.reset(2) == local.reset(2)
         env.close()
         fewer = specs.make(f"{server.url}?tasks=5")
-        assert fewer.num_tasks == 5
+        assert fewer.num_tasks == 5 and fewer.schema.name == "stepcredit"  # the rest passes through
         fewer.close()
+        with pytest.raises(ValueError, match=f"tasks={local.num_tasks + 1}, but the server has"):
+            specs.make(f"{server.url}?tasks={local.num_tasks + 1}")
         with pytest.raises(ValueError, match="has one split, 'train'; split='test'"):
             specs.make(server.url, split="test")
 

@@ -22,7 +22,7 @@ def test_each_branch_shares_its_parents_steps_and_plays_only_its_continuation(tm
     shape = TreeShape(trees=2, branches=2, rounds=1)
     leaves, metrics = tree.collect_trees(qwen, make_env, [3, 5], shape, seed=7, **SETTINGS)
     assert len(leaves) == 2 * shape.leaves_per_task == 12
-    assert [t.group_id for t in leaves] == [0] * 6 + [1] * 6
+    assert [t.group_id for t in leaves] == [0] * 6 + [1] * 6 and all(t.answer for t in leaves)
     assert [t.tree_id for t in leaves] == [0, 0, 0, 1, 1, 1, 2, 2, 2, 3, 3, 3]
     shared = 0
     for root in range(0, 12, 3):
