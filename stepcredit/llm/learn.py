@@ -80,7 +80,10 @@ class LearnConfig:
       max_new_tokens, temperature, window: sampling and prompt settings.
       invalid_action_penalty: subtracted from the reward of an invalid action.
       learning_rate, weight_decay, grad_clip: AdamW and global-norm clipping.
-      epochs: passes over each batch; minibatch_rows: rows per step (0: all).
+      epochs: passes over each batch; minibatch_rows: rows per step (0: all);
+        micro_rows: rows per forward and backward pass of a step, whose
+        gradients are accumulated exactly (0: the whole minibatch at once):
+        a pass holds its rows' logits, `[rows, length, vocabulary]`.
       critic_learning_rate: the critic's AdamW rate, for estimators that read
         one (1e-5, verl's PPO critic beside a 1e-6 actor).
       prm_learning_rate, prm_rewards_from: the implicit PRM's AdamW rate (1e-6,
@@ -114,6 +117,7 @@ class LearnConfig:
     prm_rewards_from: str = "post_update_prm"
     lora_rank: int = 0
     lora_alpha: float = 32.0
+    micro_rows: int = 0
     progress_learning_rate: float = 3e-6
     progress_steps: int = 1
     loss: LossConfig = LossConfig()
@@ -257,8 +261,8 @@ class Learner:
         def placed(*trees):
             return tuple(jax.tree.map(lambda x: x.sharding, tree) for tree in trees)
 
-        self._step = jax.jit(self._train_step,
-                             out_shardings=(*placed(self.params, self.opt_state), replicated))
+        self._micro = jax.jit(self._micro_gradient, out_shardings=(placed(self.params)[0], replicated))
+        self._apply = jax.jit(self._apply_update, out_shardings=placed(self.params, self.opt_state))
         self._merge = jax.jit(self._weights, out_shardings=placed(params)[0])
         if self.critic is not None:
             self._critic_step = jax.jit(self._train_critic_step, out_shardings=(
@@ -436,25 +440,58 @@ class Learner:
         return ({"progress": after, "grounding": grounding_signal(trajectories, mask.shape[1])},
                 {"progress/loss": losses[0] if losses else loss_after, "progress/loss_after": loss_after})
 
-    def _train_step(self, params, opt_state, frozen, rows):
+    def _micro_gradient(self, params, frozen, rows, grads, shares):
+        """`grads` plus the gradient of this micro-batch's share of its minibatch's loss, and
+        those shares of the loss terms: a term aggregated over the minibatch's tokens (or rows)
+        is the micro-batches' own aggregates weighted by their shares of those tokens (rows)."""
         loss_config = self.config.loss
 
         def loss_fn(params):
             logp, _ = _token_scores(self.graphdef, self._weights(params, frozen), frozen["rest"], rows,
                                     self._temperature, with_entropy=False)
-            loss, _ = policy_loss(loss_config, logp, rows["old_logp"], rows["advantages"],
-                                  rows["action_mask"])
-            metrics = {"loss/policy": loss}
+            policy, _ = policy_loss(loss_config, logp, rows["old_logp"], rows["advantages"],
+                                    rows["action_mask"])
+            metrics = {"loss/policy": shares["policy"] * policy}
+            loss = metrics["loss/policy"]
             if loss_config.kl_coef:
                 kl, _ = kl_loss(logp, rows["ref_logp"], rows["action_mask"], kind=loss_config.kl_kind)
-                loss = loss + loss_config.kl_coef * kl
-                metrics["loss/kl"] = kl
+                metrics["loss/kl"] = shares["tokens"] * kl
+                loss = loss + loss_config.kl_coef * metrics["loss/kl"]
             metrics["loss/total"] = loss
             return loss, metrics
 
-        grads, metrics = jax.grad(loss_fn, has_aux=True)(params)
+        gradient, metrics = jax.grad(loss_fn, has_aux=True)(params)
+        return jax.tree.map(jnp.add, grads, gradient), metrics
+
+    def _apply_update(self, params, opt_state, grads):
         updates, opt_state = self.tx.update(grads, opt_state, params)
-        return optax.apply_updates(params, updates), opt_state, metrics
+        return optax.apply_updates(params, updates), opt_state
+
+    def _policy_update(self, chunk: dict[str, np.ndarray]) -> dict[str, float]:
+        """One AdamW step on a minibatch, its gradient accumulated over `micro_rows`-row
+        micro-batches (all at once when 0): exact, since each term's micro-batch aggregate is
+        weighted by its share of the minibatch's tokens (token-mean) or of its rows with an
+        action (the seq-mean aggregations and StepPO's step ratio)."""
+        action_mask = chunk["action_mask"]
+        loss_config = self.config.loss
+        by_rows = loss_config.step_level_ratio or loss_config.agg != "token-mean"
+        tokens, rows = action_mask.sum(axis=1), action_mask.any(axis=1)
+        size = len(action_mask)
+        micro = min(self.config.micro_rows or size, size)
+        grads = _compiled_map(jnp.zeros_like, self.params)
+        totals: dict[str, float] = {}
+        for begin in range(0, size, micro):
+            part = slice(begin, begin + micro)
+            token_share = np.float32(tokens[part].sum() / max(tokens.sum(), 1))
+            row_share = np.float32(rows[part].sum() / max(rows.sum(), 1))
+            shares = {"tokens": token_share, "policy": row_share if by_rows else token_share}
+            grads, metrics = self._micro(self.params, self.frozen,
+                                         {key: jnp.asarray(value[part]) for key, value in chunk.items()},
+                                         grads, shares)
+            for key, value in metrics.items():
+                totals[key] = totals.get(key, 0.0) + float(value)
+        self.params, self.opt_state = self._apply(self.params, self.opt_state, grads)
+        return totals
 
     def answer_beliefs(self, trajectories: Sequence[Trajectory], prefix: Sequence[int] | None
                        ) -> np.ndarray:
@@ -533,12 +570,12 @@ class Learner:
             for _ in range(self.config.epochs):
                 shuffled = order.permutation(count)
                 for begin in range(0, count, size):
-                    chunk = _padded_rows(rows, shuffled[begin:begin + size], size)
-                    self.params, self.opt_state, metrics = self._step(self.params, self.opt_state,
-                                                                      self.frozen, chunk)
+                    chunk = _padded_rows(rows, shuffled[begin:begin + size], size, on_device=False)
+                    metrics = self._policy_update(chunk)
                     if self.critic is not None:
+                        critic_rows = {key: jnp.asarray(value) for key, value in chunk.items()}
                         self.critic, self.critic_opt_state, metrics["loss/value"] = self._critic_step(
-                            self.critic, self.critic_opt_state, self.frozen, chunk)
+                            self.critic, self.critic_opt_state, self.frozen, critic_rows)
                     history.append(metrics)
         nnx.update(self.qwen.model, self._merge(self.params, self.frozen))
         out = {key: float(np.mean([float(m[key]) for m in history])) for key in history[0]}
@@ -700,14 +737,16 @@ def with_entropies(trajectories: Sequence[Trajectory], rows: dict[str, np.ndarra
     return out
 
 
-def _padded_rows(rows: dict[str, np.ndarray], index: np.ndarray, size: int) -> dict[str, jax.Array]:
-    """Rows `index`, with empty rows (all False masks) appended up to `size`."""
+def _padded_rows(rows: dict[str, np.ndarray], index: np.ndarray, size: int, *,
+                 on_device: bool = True) -> dict[str, Any]:
+    """Rows `index`, with empty rows (all False masks) appended up to `size` (as device arrays,
+    or host ones without `on_device`)."""
     out = {}
     for key, value in rows.items():
         chunk = value[index]
         if len(index) < size:
             chunk = np.concatenate([chunk, np.zeros((size - len(index),) + value.shape[1:], value.dtype)])
-        out[key] = jnp.asarray(chunk)
+        out[key] = jnp.asarray(chunk) if on_device else chunk
     return out
 
 

@@ -104,6 +104,8 @@ class TrainConfig:
       lora_rank, lora_alpha: with policy "qwen", 0 trains every weight and
         r >= 1 trains rank-r LoRA adapters scaled by alpha / r over frozen
         weights (`stepcredit.llm.lora`; alpha 32 as in verl's examples).
+      micro_rows: with policy "qwen", rows per forward and backward pass of
+        an update, gradients accumulated over a minibatch (0: all at once).
 
     `stepcredit.train.build.resolve` writes out every value derived from
     these (the estimator's full hyperparameters, the loss's critic weight,
@@ -164,6 +166,7 @@ class TrainConfig:
     param_dtype: str = "float32"
     lora_rank: int = 0
     lora_alpha: float = 32.0
+    micro_rows: int = 0
 
     def __post_init__(self):
         positive = {"iterations": self.iterations, "tasks_per_iteration": self.tasks_per_iteration,
@@ -209,6 +212,9 @@ class TrainConfig:
             raise ValueError(f"TrainConfig: lora_rank={self.lora_rank}, lora_alpha={self.lora_alpha} with "
                              f"policy={self.policy!r}; LoRA (rank >= 1, alpha > 0) adapts policy 'qwen' "
                              "only, and rank 0 trains every weight")
+        if self.micro_rows < 0 or (self.micro_rows and self.policy != "qwen"):
+            raise ValueError(f"TrainConfig: micro_rows={self.micro_rows} with policy={self.policy!r}; "
+                             "micro-batches (>= 1) split the updates of policy 'qwen' only")
         if self.param_dtype not in ("float32", "bfloat16"):
             raise ValueError(f"TrainConfig: param_dtype={self.param_dtype!r}; expected 'float32' or "
                              "'bfloat16'")

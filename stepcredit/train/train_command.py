@@ -161,6 +161,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--lora-rank", type=int, default=0,
                         help="with --policy qwen, train rank-r LoRA adapters on every attention and "
                              "MLP projection instead of every weight (0: full fine-tuning)")
+    parser.add_argument("--micro-rows", type=int, default=0,
+                        help="with --policy qwen, rows per forward and backward pass of an update, "
+                             "the gradients accumulated over --minibatch-rows (0: all at once)")
     parser.add_argument("--lora-alpha", type=float, default=32.0,
                         help="with --lora-rank, the adapters' scale alpha / r")
     parser.add_argument("--param-dtype", choices=("float32", "bfloat16"), default="float32",
@@ -224,7 +227,7 @@ def config_from_args(args: argparse.Namespace):
         critic_warmup_iterations=args.critic_warmup,
         minibatch_rows=args.minibatch_rows, d_model=args.d_model, num_layers=args.num_layers,
         policy=args.policy, model_dir=args.model_dir, param_dtype=args.param_dtype,
-        lora_rank=args.lora_rank, lora_alpha=args.lora_alpha,
+        lora_rank=args.lora_rank, lora_alpha=args.lora_alpha, micro_rows=args.micro_rows,
         loss=loss, rollout=RolloutConfig(temperature=args.temperature,
                                          **({} if args.max_prompt_tokens is None else
                                             {"max_prompt_tokens": args.max_prompt_tokens}),

@@ -88,23 +88,37 @@ def test_learn_raises_the_rewarded_answer_and_lowers_the_others_under_the_kl_ter
     assert after[0] > before[0] + 0.05 and np.all(after[1:] < before[1:])
     assert metrics["loss/kl"] > 0  # the second epoch's minibatches have left the reference
     learner.learn(trajectories, iteration=1)  # state placed as the update returns it: no recompile
-    assert learner._step._cache_size() == 1
+    assert learner._micro._cache_size() == 1 and learner._apply._cache_size() == 1
     np.testing.assert_allclose(learner.score(learner.reference, rows, with_entropy=False)[0],
                                learner.score(_learner(tmp_path).params, rows, with_entropy=False)[0],
                                atol=1e-6)  # the reference is the initial model, untouched
 
 
-def test_a_minibatch_padded_with_empty_rows_takes_the_step_of_the_unpadded_one(tmp_path):
-    learner = _learner(tmp_path, estimator="grpo", learning_rate=3e-3)
+def _update_from_start(learner, chunk):
+    """The parameters after one `_policy_update` of `chunk` from the learner's initial state."""
+    start = learner.params, learner.opt_state
+    learner._policy_update(chunk)
+    moved = jax.tree.map(np.array, learner.params)
+    learner.params, learner.opt_state = start
+    return moved
+
+
+@pytest.mark.parametrize("loss", [LossConfig(kl_coef=0.2), LossConfig(agg="seq-mean-token-mean"),
+                                  LossConfig(step_level_ratio=True)])
+def test_a_minibatch_step_is_the_same_padded_or_in_micro_batches(tmp_path, loss):
+    learner = _learner(tmp_path, estimator="grpo", learning_rate=3e-3, loss=loss)
     trajectories, rows = _group(learner, [[30, 31], [40], [50, 51, 52]], [1.0, 0.0, 0.5])
     rows["advantages"] = np.where(rows["action_mask"], np.array([[1.0], [-1.0], [0.25]]), 0.0
                                   ).astype(np.float32)
+    rows["ref_logp"] = rows["old_logp"] - 0.1
     index = np.arange(3)
-    with jax.set_mesh(learner.qwen.mesh):
-        steps = [learner._step(learner.params, learner.opt_state, learner.frozen,
-                               learn._padded_rows(rows, index, size))[0] for size in (3, 8)]
-    for exact, padded in zip(jax.tree.leaves(steps[0]), jax.tree.leaves(steps[1])):
-        np.testing.assert_allclose(padded, exact, atol=1e-6)
+    exact = _update_from_start(learner, learn._padded_rows(rows, index, 3, on_device=False))
+    padded = _update_from_start(learner, learn._padded_rows(rows, index, 8, on_device=False))
+    micro = learn.Learner(learner.qwen, dataclasses.replace(learner.config, micro_rows=2))
+    in_micro_batches = _update_from_start(micro, learn._padded_rows(rows, index, 8, on_device=False))
+    for want, *got in zip(jax.tree.leaves(exact), jax.tree.leaves(padded), jax.tree.leaves(in_micro_batches)):
+        for leaf in got:  # empty rows add nothing; micro-batches of 2 rows (3 real, 5 empty) add up
+            np.testing.assert_allclose(leaf, want, atol=1e-6)
 
 
 def test_score_in_chunks_equals_one_call_and_the_entropy_its_definition(tmp_path):

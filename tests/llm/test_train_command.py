@@ -49,7 +49,8 @@ def toy_env():
     ("qwen3", "hotpotqa", "grpo+empg", ["--step-level-ratio"], False),
     ("qwen2", letters.NAME, "step_gae", ["--step-level-ratio"], False),
     ("qwen3", letters.NAME, "rloo+istar", ["--prm-learning-rate", "1e-3", "--group-size", "4"], False),
-    ("qwen2", letters.NAME, "grpo", ["--lora-rank", "4", "--learning-rate", "1e-2"], False),
+    ("qwen2", letters.NAME, "grpo", ["--lora-rank", "4", "--learning-rate", "1e-2", "--micro-rows", "2"],
+     False),
     ("qwen3", letters.NAME, "dapo+empg", [], False),
     ("qwen2", "hotpotqa", "igpo", [], False),
     ("qwen3", "hotpotqa", "vineppo", ["--vine-rollouts", "2"], False),
@@ -90,6 +91,7 @@ def test_train_policy_qwen_learns_logs_checkpoints_and_resumes(tmp_path, toy_env
     saved = json.loads((logdir / "config.json").read_text())
     assert saved["policy"] == "qwen" and saved["estimator"] == estimator
     assert saved["lora_rank"] == (4 if "--lora-rank" in extra else 0)
+    assert saved["micro_rows"] == (2 if "--micro-rows" in extra else 0)
     assert saved["loss"]["clip_high"] == (0.28 if estimator == "dapo+empg" else 0.2)
     assert saved["loss"]["step_level_ratio"] == ("--step-level-ratio" in extra)
 
