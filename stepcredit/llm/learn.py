@@ -366,21 +366,30 @@ class Learner:
 
         before = _to_tokens(self.score(self.prm, rows, with_entropy=False)[0], rows, tokens)
         (loss, metrics), upstream = jax.value_and_grad(loss_fn, has_aux=True)(jnp.asarray(before))
-        weights = _to_rows(np.asarray(upstream), rows, tokens)
-        count = rows["tokens"].shape[0]
-        size = self._rows_per_call(count)
-        with jax.set_mesh(self.qwen.mesh):  # compiled throughout: no op-by-op dispatch of the tree
-            grads = _compiled_map(jnp.zeros_like, self.prm)
-            for begin in range(0, count, size):
-                chunk = _padded_rows({"tokens": rows["tokens"], "mask": rows["mask"],
-                                      "action_mask": rows["action_mask"], "weight": weights},
-                                     np.arange(begin, min(begin + size, count)), size)
-                grads = self._prm_accumulate(self.prm, self.frozen, chunk, grads)
+        grads = self._weighted_gradient(self._prm_accumulate, self.prm, rows,
+                                        _to_rows(np.asarray(upstream), rows, tokens))
+        with jax.set_mesh(self.qwen.mesh):
             self.prm, self.prm_opt_state = self._prm_step(self.prm, self.prm_opt_state, grads)
         out = {"prm/loss": float(loss), **{f"prm/{key}": float(value) for key, value in metrics.items()}}
         if self.config.prm_rewards_from == "pre_update_prm":
             return before, out
         return _to_tokens(self.score(self.prm, rows, with_entropy=False)[0], rows, tokens), out
+
+    def _weighted_gradient(self, accumulate, tree, rows: dict[str, np.ndarray], weights: np.ndarray):
+        """The gradient in `tree` of sum(weights * the model's outputs), accumulated over chunks of
+        `minibatch_rows` rows by `accumulate(tree, frozen, chunk, grads)` (the PRM's or the
+        progress estimator's); with `weights` the loss's gradient in those outputs, this is the
+        loss's gradient, exactly (the chain rule), without the whole batch in one pass."""
+        count = rows["tokens"].shape[0]
+        size = self._rows_per_call(count)
+        with jax.set_mesh(self.qwen.mesh):  # compiled throughout: no op-by-op dispatch of the tree
+            grads = _compiled_map(jnp.zeros_like, tree)
+            for begin in range(0, count, size):
+                chunk = _padded_rows({"tokens": rows["tokens"], "mask": rows["mask"],
+                                      "action_mask": rows["action_mask"], "weight": weights},
+                                     np.arange(begin, min(begin + size, count)), size)
+                grads = accumulate(tree, self.frozen, chunk, grads)
+        return grads
 
     def _row_contributions(self, progress, frozen, rows):
         """`[R]` c of each row: the head on the state after its last token, 0 without an action."""
@@ -424,15 +433,9 @@ class Learner:
         for _ in range(self.config.progress_steps):
             loss, upstream = jax.value_and_grad(progress_loss)(jnp.asarray(contributions()), mask, outcomes)
             losses.append(float(loss))
-            weights = np.asarray(upstream)[b, t]
-            count, size = len(weights), self._rows_per_call(len(weights))
+            grads = self._weighted_gradient(self._progress_accumulate, self.progress, rows,
+                                            np.asarray(upstream)[b, t])
             with jax.set_mesh(self.qwen.mesh):
-                grads = _compiled_map(jnp.zeros_like, self.progress)
-                for begin in range(0, count, size):
-                    chunk = _padded_rows({"tokens": rows["tokens"], "mask": rows["mask"],
-                                          "action_mask": rows["action_mask"], "weight": weights},
-                                         np.arange(begin, min(begin + size, count)), size)
-                    grads = self._progress_accumulate(self.progress, self.frozen, chunk, grads)
                 self.progress, self.progress_opt_state = self._progress_step(
                     self.progress, self.progress_opt_state, grads)
         after = contributions()

@@ -3,7 +3,8 @@
 As `stepcredit.train.vine` does for the word-level policy (Kazemnejad et al.,
 arXiv 2410.01679): every state s_t a batch visited is rebuilt by replaying its
 trajectory's actions (the text each environment received, `info["action"]`)
-on a fresh simulator and checked against the recorded anchor; identical states
+on a fresh simulator and checked against the recorded anchor
+(`train.vine.branch_points`, shared with the word-level policy); identical states
 (the same task and the same sampled ids so far) are valued once; K
 continuations are played from each state's snapshot with the chat history the
 model saw there (`rollout.play`, one sampling call per step for all of them),
@@ -28,46 +29,13 @@ import numpy as np
 
 from stepcredit.batch import Trajectory
 from stepcredit.envs.base import Env
-from stepcredit.keys import stable_key
 from stepcredit.llm import rollout
 from stepcredit.llm.checkpoint import Checkpoint
-from stepcredit.train.vine import MC_VALUE, VINE_STREAM, BranchPoint
+from stepcredit.train.vine import MC_VALUE, VINE_STREAM, branch_points
 
 # The most continuations sampled in one call: a rollout batch of GiGPO's recipe (16 tasks x 8),
 # whose KV cache a 7B model's GPU holds (the word policy's 1024 would not fit).
 CONTINUATIONS_PER_CALL = 128
-
-
-def branch_points(env, tasks: Sequence[Any], trajectories: Sequence[Trajectory]
-                  ) -> tuple[list[BranchPoint], list[list[int]]]:
-    """Every distinct state the trajectories visited, rebuilt by replaying their actions on `env`
-    (reset for each trajectory; trajectory b played `tasks[group_id]`); returns the states and,
-    per trajectory, the index of each step's start state.
-
-    Raises:
-      ValueError: the replay reached another state than the one recorded.
-    """
-    points: list[BranchPoint] = []
-    seen: dict[tuple, int] = {}
-    index = []
-    for b, trajectory in enumerate(trajectories):
-        task = tasks[trajectory.group_id]
-        observation, history, prefix, rows = env.reset(task), [], (task,), []
-        for t, step in enumerate(trajectory.steps):
-            if stable_key(observation.anchor) != step.anchor:
-                raise ValueError(f"vineppo: replaying trajectory {b} on {env.name} reached another "
-                                 f"state at step {t} than the one recorded; the environment must be "
-                                 "deterministic given the task and actions")
-            if prefix not in seen:
-                seen[prefix] = len(points)
-                points.append(BranchPoint(env.snapshot(), observation, tuple(history)))
-            rows.append(seen[prefix])
-            action = step.info["action"]
-            history.append((observation.text, action))
-            observation = env.step(action).observation
-            prefix = (*prefix, tuple(step.action_ids))
-        index.append(rows)
-    return points, index
 
 
 def with_mc_values(qwen: Checkpoint, make_env: Callable[[], Env], tasks: Sequence[Any],
@@ -89,7 +57,7 @@ def with_mc_values(qwen: Checkpoint, make_env: Callable[[], Env], tasks: Sequenc
     started = time.perf_counter()
     env = make_env()
     try:
-        points, index = branch_points(env, tasks, trajectories)
+        points, index = branch_points(env, tasks, trajectories, None, None)
     finally:
         env.close()
     starts = [p for p in range(len(points)) for _ in range(rollouts)]
@@ -122,4 +90,4 @@ def continuation_seed(seed: int, iteration: int, round_: int = 0) -> int:
     return ((seed * 100_003 + iteration) * 17 + round_) * 1_000_003 + VINE_STREAM
 
 
-__all__: Sequence[str] = ("branch_points", "continuation_seed", "with_mc_values")
+__all__: Sequence[str] = ("continuation_seed", "with_mc_values")

@@ -82,14 +82,17 @@ class BranchPoint:
 
 
 def branch_points(env, tasks: Sequence[Any], trajectories: Sequence[Trajectory],
-                  config: RolloutConfig, tokenizer) -> tuple[list[BranchPoint], list[list[int]]]:
+                  config: RolloutConfig | None, tokenizer) -> tuple[list[BranchPoint], list[list[int]]]:
     """Every distinct state the trajectories visited, rebuilt by replaying their actions.
 
     Args:
       env: a simulator of the rollout's config (it is reset for each trajectory).
       tasks: the task of each group (trajectory b played `tasks[group_id]`).
       trajectories: the batch, each step's info holding its action text.
-      config, tokenizer: the rollout's, for the prompt history and the check.
+      config, tokenizer: the word-level rollout's, for its prompt history and a
+        check of each observation's ids; None for a chat model's trajectories
+        (`stepcredit.llm.rollout`: the history holds the action text, and the
+        anchors alone are checked).
 
     Returns:
       `(points, index)`: the distinct states, and per trajectory the index in
@@ -106,8 +109,9 @@ def branch_points(env, tasks: Sequence[Any], trajectories: Sequence[Trajectory],
         task = tasks[trajectory.group_id]
         observation, history, prefix, rows = env.reset(task), [], (task,), []
         for t, step in enumerate(trajectory.steps):
-            if (stable_key(observation.anchor) != step.anchor
-                    or list(tokenizer.encode(observation.text)) != list(step.observation_ids)):
+            if stable_key(observation.anchor) != step.anchor or (
+                    tokenizer is not None
+                    and list(tokenizer.encode(observation.text)) != list(step.observation_ids)):
                 raise ValueError(f"vineppo: replaying trajectory {b} on {env.name} reached "
                                  f"another state at step {t} than the one recorded; the "
                                  "environment must be deterministic given the task and actions")
@@ -119,7 +123,8 @@ def branch_points(env, tasks: Sequence[Any], trajectories: Sequence[Trajectory],
                 raise ValueError(f"vineppo: step {t} of trajectory {b} holds no action text "
                                  "(info['action']); collect it with stepcredit.rollout.collect")
             action = step.info["action"]
-            history.append((observation.text, history_action(config, action, step.action_ids)))
+            history.append((observation.text, action if config is None else
+                            history_action(config, action, step.action_ids)))
             observation = env.step(action).observation
             prefix = (*prefix, tuple(step.action_ids))
         index.append(rows)

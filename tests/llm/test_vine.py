@@ -33,4 +33,4 @@ def test_a_greedy_continuation_replays_the_episode_so_each_value_is_the_return_t
     broken = [group[0].__class__(steps=(group[0].steps[0].__class__(
         observation_ids=[], action_ids=[], action_logp=[], reward=0.0, anchor=123),))]
     with pytest.raises(ValueError, match="reached another state at step 0 than the one recorded"):
-        vine.branch_points(make_env(), [1], broken)
+        vine.branch_points(make_env(), [1], broken, None, None)
