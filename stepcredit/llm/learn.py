@@ -526,8 +526,10 @@ class Learner:
         run shuffles as an uninterrupted one); `answer_prefix` is IGPO's (`answer_beliefs`).
 
         Returns:
-          `loss/policy`, `loss/total` (and `loss/kl`), each the mean over the
-          batch's optimizer steps, and `rows`, the step rows trained on.
+          `loss/policy`, `loss/total` (and `loss/kl`, `loss/value` with a KL term
+          or a critic), each the mean over the batch's optimizer steps, `rows`,
+          the step rows trained on, and the PRM's, progress estimator's or IGPO's
+          metrics (`prm/...`, `progress/...`, `igpo/gain_mean`) where they apply.
         """
         longest = max(len(t.steps) for t in trajectories)
         rows = step_rows(trajectories, np.zeros((len(trajectories), longest), np.float32))
