@@ -106,6 +106,9 @@ class TrainConfig:
         weights (`stepcredit.llm.lora`; alpha 32 as in verl's examples).
       micro_rows: with policy "qwen", rows per forward and backward pass of
         an update, gradients accumulated over a minibatch (0: all at once).
+      critic_learning_rate: with policy "qwen", the AdamW rate of the critic,
+        a copy of the model of its own (1e-5, verl's PPO critic beside a 1e-6
+        actor); the word model's critic shares its trunk and learning rate.
 
     `stepcredit.train.build.resolve` writes out every value derived from
     these (the estimator's full hyperparameters, the loss's critic weight,
@@ -167,6 +170,7 @@ class TrainConfig:
     lora_rank: int = 0
     lora_alpha: float = 32.0
     micro_rows: int = 0
+    critic_learning_rate: float = 1e-5
 
     def __post_init__(self):
         positive = {"iterations": self.iterations, "tasks_per_iteration": self.tasks_per_iteration,
@@ -212,6 +216,10 @@ class TrainConfig:
             raise ValueError(f"TrainConfig: lora_rank={self.lora_rank}, lora_alpha={self.lora_alpha} with "
                              f"policy={self.policy!r}; LoRA (rank >= 1, alpha > 0) adapts policy 'qwen' "
                              "only, and rank 0 trains every weight")
+        if not self.critic_learning_rate > 0 or (self.critic_learning_rate != 1e-5 and self.policy != "qwen"):
+            raise ValueError(f"TrainConfig: critic_learning_rate={self.critic_learning_rate} with "
+                             f"policy={self.policy!r}; a separate critic's rate (> 0) is for policy 'qwen' "
+                             "(the word model's critic learns at learning_rate)")
         if self.micro_rows < 0 or (self.micro_rows and self.policy != "qwen"):
             raise ValueError(f"TrainConfig: micro_rows={self.micro_rows} with policy={self.policy!r}; "
                              "micro-batches (>= 1) split the updates of policy 'qwen' only")

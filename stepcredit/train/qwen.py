@@ -61,9 +61,9 @@ HONOURED = frozenset({
     "group_size", "seed", "max_steps", "learning_rate", "weight_decay", "grad_clip", "epochs",
     "minibatch_rows", "eval_every", "eval_tasks", "eval_temperature", "checkpoint_every", "logdir",
     "time_limit_minutes", "policy", "model_dir", "param_dtype", "prm_learning_rate", "prm_rewards_from",
-    "lora_rank", "lora_alpha", "micro_rows", "dynamic_sampling", "vine_rollouts", "tree_count",
-    "tree_branches",
-    "tree_rounds", "tree_branching", "progress_learning_rate", "progress_steps",
+    "lora_rank", "lora_alpha", "micro_rows", "critic_learning_rate", "dynamic_sampling", "vine_rollouts",
+    "tree_count", "tree_branches", "tree_rounds", "tree_branching", "progress_learning_rate",
+    "progress_steps",
     "rollout.temperature", "rollout.max_action_tokens", "rollout.history_window",
     "rollout.invalid_action_penalty",
     "loss.clip_low", "loss.clip_high", "loss.agg", "loss.max_response_length", "loss.step_level_ratio",
@@ -172,7 +172,7 @@ class QwenTrainer(Trainer):
             epochs=c.epochs, minibatch_rows=c.minibatch_rows, prm_learning_rate=c.prm_learning_rate,
             prm_rewards_from=c.prm_rewards_from, lora_rank=c.lora_rank, lora_alpha=c.lora_alpha,
             progress_learning_rate=c.progress_learning_rate, progress_steps=c.progress_steps,
-            micro_rows=c.micro_rows,
+            micro_rows=c.micro_rows, critic_learning_rate=c.critic_learning_rate,
             loss=c.loss, seed=c.seed)
         self.learner = learn.Learner(self.qwen, self.learn_config)
         entry = adv.get(c.estimator)

@@ -161,6 +161,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--lora-rank", type=int, default=0,
                         help="with --policy qwen, train rank-r LoRA adapters on every attention and "
                              "MLP projection instead of every weight (0: full fine-tuning)")
+    parser.add_argument("--critic-learning-rate", type=float, default=1e-5,
+                        help="with --policy qwen, the AdamW rate of the critic, a copy of the model "
+                             "(estimators step_gae, token_gae, turn_ppo, spa)")
     parser.add_argument("--micro-rows", type=int, default=0,
                         help="with --policy qwen, rows per forward and backward pass of an update, "
                              "the gradients accumulated over --minibatch-rows (0: all at once)")
@@ -228,6 +231,7 @@ def config_from_args(args: argparse.Namespace):
         minibatch_rows=args.minibatch_rows, d_model=args.d_model, num_layers=args.num_layers,
         policy=args.policy, model_dir=args.model_dir, param_dtype=args.param_dtype,
         lora_rank=args.lora_rank, lora_alpha=args.lora_alpha, micro_rows=args.micro_rows,
+        critic_learning_rate=args.critic_learning_rate,
         loss=loss, rollout=RolloutConfig(temperature=args.temperature,
                                          **({} if args.max_prompt_tokens is None else
                                             {"max_prompt_tokens": args.max_prompt_tokens}),

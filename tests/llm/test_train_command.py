@@ -47,7 +47,7 @@ def toy_env():
 @pytest.mark.parametrize("family, env, estimator, extra, resume", [
     ("qwen2", "hotpotqa", "grpo", ["--kl-coef", "0.1", "--eval-every", "1", "--eval-tasks", "1"], True),
     ("qwen3", "hotpotqa", "grpo+empg", ["--step-level-ratio"], False),
-    ("qwen2", letters.NAME, "step_gae", ["--step-level-ratio"], False),
+    ("qwen2", letters.NAME, "step_gae", ["--step-level-ratio", "--critic-learning-rate", "1e-3"], False),
     ("qwen3", letters.NAME, "rloo+istar", ["--prm-learning-rate", "1e-3", "--group-size", "4"], False),
     ("qwen2", letters.NAME, "grpo", ["--lora-rank", "4", "--learning-rate", "1e-2", "--micro-rows", "2"],
      False),
@@ -92,6 +92,7 @@ def test_train_policy_qwen_learns_logs_checkpoints_and_resumes(tmp_path, toy_env
     assert saved["policy"] == "qwen" and saved["estimator"] == estimator
     assert saved["lora_rank"] == (4 if "--lora-rank" in extra else 0)
     assert saved["micro_rows"] == (2 if "--micro-rows" in extra else 0)
+    assert saved["critic_learning_rate"] == (1e-3 if "--critic-learning-rate" in extra else 1e-5)
     assert saved["loss"]["clip_high"] == (0.28 if estimator == "dapo+empg" else 0.2)
     assert saved["loss"]["step_level_ratio"] == ("--step-level-ratio" in extra)
 
@@ -148,6 +149,8 @@ def test_train_policy_qwen_refuses_what_it_does_not_implement(tmp_path, capsys):
         assert message in capsys.readouterr().err
     assert main(["train", "--env", "http://127.0.0.1:9", "--logdir", str(tmp_path / "word")]) != 0
     assert "the word-level policy trains on a registered environment" in capsys.readouterr().err
+    assert main(["train", "--critic-learning-rate", "1e-4", "--logdir", str(tmp_path / "word")]) != 0
+    assert "a separate critic's rate (> 0) is for policy 'qwen'" in capsys.readouterr().err
     assert main(["train", "--lora-rank", "2", "--logdir", str(tmp_path / "word")]) != 0
     assert "LoRA (rank >= 1, alpha > 0) adapts policy 'qwen' only" in capsys.readouterr().err
 
