@@ -95,17 +95,21 @@ def play(checkpoint: Checkpoint, envs: Sequence[Env], observations: Sequence[Obs
     steps: list[list[StepRecord]] = [[] for _ in envs]
     live = list(range(len(envs)))
     limit = min(env.max_steps for env in envs) if max_steps is None else max_steps
+
+    def prompt(observation: Observation, history) -> list[int]:
+        return chat.prompt_ids(tokenizer, chat.step_messages(
+            task=observation.task, observation=observation.text, history=history,
+            admissible=observation.admissible_actions, window=window))
+
     for t in range(limit):
         if not live:
             break
-        prompts = [chat.prompt_ids(tokenizer, chat.step_messages(
-            task=observations[i].task, observation=observations[i].text, history=histories[i],
-            admissible=observations[i].admissible_actions, window=window)) for i in live]
+        prompts = [prompt(observations[i], histories[i]) for i in live]
         samples = generate.sample(checkpoint, prompts, max_new_tokens=max_new_tokens,
                                   seed=seed * 1_000_003 + t, temperature=temperature,
                                   stop_ids=[tokenizer.eos_token_id])
         still = []
-        for i, prompt, ids, logprobs in zip(live, prompts, samples.ids, samples.logprobs):
+        for i, prompt_ids, ids, logprobs in zip(live, prompts, samples.ids, samples.logprobs):
             text = _text(tokenizer, ids)
             parsed = chat.parse_action(text, observations[i].admissible_actions)
             action = parsed.action if parsed.action is not None else text
@@ -117,15 +121,12 @@ def play(checkpoint: Checkpoint, envs: Sequence[Env], observations: Sequence[Obs
                                                else invalid_action_penalty),
                 done=result.done,
                 truncated=result.truncated or (t == limit - 1 and not result.done),
-                anchor=stable_key(observations[i].anchor), prompt_ids=list(prompt),
+                anchor=stable_key(observations[i].anchor), prompt_ids=list(prompt_ids),
                 info={**result.info, "text": text, "action": action, "parse_error": parsed.error}))
             histories[i].append((observations[i].text, action))
             observations[i] = result.observation
             if steps[i][-1].truncated:  # a critic bootstraps from V(s_next): keep s_next's prompt
-                steps[i][-1].info["next_prompt_ids"] = chat.prompt_ids(tokenizer, chat.step_messages(
-                    task=result.observation.task, observation=result.observation.text,
-                    history=histories[i], admissible=result.observation.admissible_actions,
-                    window=window))
+                steps[i][-1].info["next_prompt_ids"] = prompt(result.observation, histories[i])
             if not (result.done or result.truncated):
                 still.append(i)
         live = still

@@ -25,7 +25,8 @@ from stepcredit.batch import Trajectory
 from stepcredit.envs.base import Env, require_snapshots
 from stepcredit.llm import rollout
 from stepcredit.llm.checkpoint import Checkpoint
-from stepcredit.train.tree import BRANCHES_NEED, Leaf, Recording, Start, TreeShape, branch_start, choose_nodes
+from stepcredit.train.tree import (BRANCHES_NEED, Leaf, Recording, Start, TreeShape, branch_start,
+                                   choose_nodes, joined_leaf)
 
 
 def _history(start: Start) -> list[tuple[str, str]]:
@@ -50,17 +51,7 @@ def _play(qwen: Checkpoint, make_env: Callable[[], Env], tasks: Sequence[Any],
     finally:
         for env in envs:
             env.close()
-    leaves = []
-    for env, start, trajectory in zip(envs, starts, played):
-        if start is None:
-            leaves.append(Leaf(trajectory, env.states, env.actions, 0))
-            continue
-        parent, prefix = start.parent, start.prefix
-        steps = tuple(parent.trajectory.steps[:prefix]) + tuple(trajectory.steps)
-        joined = dataclasses.replace(trajectory, steps=steps, score=float(sum(s.reward for s in steps)))
-        leaves.append(Leaf(joined, parent.states[:prefix] + env.states,
-                           parent.actions[:prefix] + env.actions, prefix))
-    return leaves
+    return [joined_leaf(env, start, trajectory) for env, start, trajectory in zip(envs, starts, played)]
 
 
 def collect_trees(qwen: Checkpoint, make_env: Callable[[], Env], tasks: Sequence[Any], shape: TreeShape,

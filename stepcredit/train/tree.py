@@ -245,18 +245,20 @@ def _play(graphdef, state, make_env: Callable[[], Env], tasks: Sequence[int],
     with EnvPool(envs) as pool:
         rollout = collect(graphdef, state, pool, list(tasks), 1, tokenizer, key, config,
                           history=history)
-    leaves = []
-    for env, start, played in zip(envs, starts, rollout.trajectories):
-        if start is None:
-            leaves.append(Leaf(played, env.states, env.actions, 0))
-            continue
-        parent, prefix = start.parent, start.prefix
-        steps = list(parent.trajectory.steps[:prefix]) + list(played.steps)
-        trajectory = dataclasses.replace(played, steps=steps,
-                                         score=float(sum(s.reward for s in steps)))
-        leaves.append(Leaf(trajectory, parent.states[:prefix] + env.states,
-                            parent.actions[:prefix] + env.actions, prefix))
-    return rollout, leaves
+    return rollout, [joined_leaf(env, start, played)
+                     for env, start, played in zip(envs, starts, rollout.trajectories)]
+
+
+def joined_leaf(env: Recording, start: Start | None, played: Trajectory) -> Leaf:
+    """The leaf an episode played in `env` makes: a root chain (`start` None), or its parent's
+    steps, states and actions before the node followed by the branch's own, scored in full."""
+    if start is None:
+        return Leaf(played, env.states, env.actions, 0)
+    parent, prefix = start.parent, start.prefix
+    steps = list(parent.trajectory.steps[:prefix]) + list(played.steps)
+    trajectory = dataclasses.replace(played, steps=steps, score=float(sum(s.reward for s in steps)))
+    return Leaf(trajectory, parent.states[:prefix] + env.states, parent.actions[:prefix] + env.actions,
+                prefix)
 
 
 def collect_trees(graphdef, state, make_env: Callable[[], Env], tasks: Sequence[int],
