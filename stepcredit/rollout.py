@@ -16,6 +16,7 @@ import time
 from typing import Any, Callable, NamedTuple, Sequence
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 
 from stepcredit.batch import StepRecord, Trajectory
@@ -23,6 +24,7 @@ from stepcredit.envs.base import Observation
 from stepcredit.envs.pool import EnvPool
 from stepcredit.keys import stable_key
 from stepcredit.models.generate import generate
+from stepcredit.models.sharing import shared_prompts
 from stepcredit.models.tokenizer import Tokenizer
 from stepcredit.models.transformer import forward, pack_rows
 from stepcredit.prompts import build_step_prompt, prompt_metrics
@@ -224,7 +226,8 @@ def _left_padded(tokenizer: Tokenizer, prompts: Sequence[Sequence[int] | None], 
 
 def collect(graphdef, state, pool: EnvPool, tasks: Sequence[Any], group_size: int,
             tokenizer: Tokenizer, key: jax.Array, config: RolloutConfig, *,
-            history: Sequence[Sequence[tuple[str, str | Sequence[int]]]] | None = None) -> Rollout:
+            history: Sequence[Sequence[tuple[str, str | Sequence[int]]]] | None = None,
+            share_prompts: bool = True) -> Rollout:
     """Plays one episode per environment of `pool`, G per task, and records every step.
 
     Args:
@@ -238,6 +241,10 @@ def collect(graphdef, state, pool: EnvPool, tasks: Sequence[Any], group_size: in
       history: per environment, the (observation, action) pairs its episode
         already holds when its `reset` resumes one mid-way (continuations
         from a visited state, `stepcredit.train.vine`); None: fresh episodes.
+      share_prompts: equal prompts of a step (a group's first step, the
+        policy's repeated choices, finished episodes' filler) take one prompt
+        pass (`stepcredit.models.sharing.shared_prompts`); each row still
+        samples its own action.
 
     Returns:
       A `Rollout`: one `Trajectory` per environment (group id = task index in
@@ -268,10 +275,12 @@ def collect(graphdef, state, pool: EnvPool, tasks: Sequence[Any], group_size: in
                                     config.max_prompt_tokens)
         key, sample_key = jax.random.split(key)
         tick = time.perf_counter()
+        shared = jax.tree.map(jnp.asarray, shared_prompts(tokens, mask)) if share_prompts else None
         out = jax.device_get(generate(graphdef, state, tokens, mask, sample_key,
                                       max_new_tokens=config.action_length, eoa_id=special.eoa,
                                       pad_id=special.pad, temperature=config.temperature,
-                                      choice_markers=choice_markers(tokenizer, config)))
+                                      choice_markers=choice_markers(tokenizer, config),
+                                      shared=shared))
         model_seconds += time.perf_counter() - tick
         actions: list[str | None] = [None] * batch
         parse_errors: dict[int, str] = {}

@@ -5,6 +5,7 @@ Models know nothing of environments: the tokenizer is built from word lists.
 """
 
 from stepcredit.models.generate import Generation, generate
+from stepcredit.models.sharing import SharedRows, shared_prompts, shared_rows
 from stepcredit.models.tokenizer import (
     SpecialIds,
     Tokenizer,
@@ -34,6 +35,7 @@ __all__ = [
     "KVCache",
     "PackedRows",
     "RowScores",
+    "SharedRows",
     "SpecialIds",
     "Tokenizer",
     "TransformerConfig",
@@ -49,6 +51,8 @@ __all__ = [
     "positions_from_mask",
     "score_actions",
     "score_rows",
+    "shared_prompts",
+    "shared_rows",
     "split_words",
     "token_logprobs_and_entropy",
 ]

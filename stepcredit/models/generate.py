@@ -27,6 +27,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from stepcredit.models.sharing import SharedRows
 from stepcredit.models.transformer import (
     init_cache,
     positions_from_mask,
@@ -76,7 +77,8 @@ def generate(graphdef: nnx.GraphDef, state: nnx.State, prompt_tokens: jax.Array,
              prompt_mask: jax.Array, key: jax.Array, *, max_new_tokens: int,
              eoa_id: int | jax.Array, pad_id: int | jax.Array,
              temperature: float | jax.Array = 1.0,
-             choice_markers: tuple[int, ...] = ()) -> Generation:
+             choice_markers: tuple[int, ...] = (),
+             shared: SharedRows | None = None) -> Generation:
     """Samples one action per prompt with a KV cache.
 
     Args:
@@ -97,6 +99,10 @@ def generate(graphdef: nnx.GraphDef, state: nnx.State, prompt_tokens: jax.Array,
         prompt (a numbered list of admissible actions), by
         `TransformerPolicy.choice_logits`; `score_rows` with the same markers
         gives the same log-probs.
+      shared: equal prompts read one prompt pass: the prompt (the prefill of
+        the cache) runs on rows `shared.unique` `[U]` only, row b reads that of
+        `unique[inverse[b]]` and samples its own tokens
+        (`stepcredit.models.sharing.shared_prompts`); None runs every row.
 
     Returns:
       A `Generation`.
@@ -110,26 +116,33 @@ def generate(graphdef: nnx.GraphDef, state: nnx.State, prompt_tokens: jax.Array,
     model = nnx.merge(graphdef, state)
     b, p = prompt_tokens.shape
     prompt_mask = prompt_mask.astype(bool)
+    run_tokens, run_mask = ((prompt_tokens, prompt_mask) if shared is None else
+                            (prompt_tokens[shared.unique], prompt_mask[shared.unique]))
     if max_new_tokens == 1:
         # Nothing is decoded after the first token, so no cache is needed and the
         # last block runs at the last prompt column only.
-        last_column = jnp.full((b, 1), p - 1, jnp.int32)
+        last_column = jnp.full((run_tokens.shape[0], 1), p - 1, jnp.int32)
         if choice_markers:
-            logits, values = model.choice_logits(prompt_tokens, prompt_mask, last_column,
+            logits, values = model.choice_logits(run_tokens, run_mask, last_column,
                                                  choice_markers)
             logits = logits[:, -1]
         else:
-            hidden, values = model.hidden_at(prompt_tokens, prompt_mask, last_column)
+            hidden, values = model.hidden_at(run_tokens, run_mask, last_column)
             logits = model.logits(hidden[:, -1])
     else:
         total = p + max_new_tokens
         columns = jnp.arange(total)
         key_valid = jnp.concatenate([prompt_mask, jnp.ones((b, max_new_tokens), bool)], axis=1)
-        prefill_mask = (columns[None, :] <= jnp.arange(p)[:, None])[None] & key_valid[:, None, :]
-        cache = init_cache(model.config, b, total)
-        logits, values, cache = model.decode(prompt_tokens, positions_from_mask(prompt_mask),
+        run_valid = key_valid if shared is None else key_valid[shared.unique]
+        prefill_mask = (columns[None, :] <= jnp.arange(p)[:, None])[None] & run_valid[:, None, :]
+        cache = init_cache(model.config, run_tokens.shape[0], total)
+        logits, values, cache = model.decode(run_tokens, positions_from_mask(run_mask),
                                              prefill_mask, cache, 0)
+        if shared is not None:
+            cache = jax.tree.map(lambda x: x[shared.inverse], cache)
         next_position = jnp.sum(prompt_mask, axis=1, dtype=jnp.int32)
+    if shared is not None:
+        logits, values = logits[shared.inverse], values[shared.inverse]
     done = jnp.zeros((b,), bool)
     key, sub = jax.random.split(key)
     ids, logp, entropy = _sample(sub, logits, temperature, done)

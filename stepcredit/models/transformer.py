@@ -45,6 +45,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from stepcredit.models.sharing import SharedRows
 from stepcredit.models.tokenizer import MAX_CHOICES
 
 KVCache = tuple[tuple[jax.Array, jax.Array], ...]
@@ -462,7 +463,8 @@ def score_rows(graphdef: nnx.GraphDef, state: nnx.State, tokens: jax.Array, mask
 @jax.jit(static_argnums=0, static_argnames=("width", "choice_markers"))
 def score_actions(graphdef: nnx.GraphDef, state: nnx.State, tokens: jax.Array, mask: jax.Array,
                   action_mask: jax.Array, temperature: float | jax.Array = 1.0, *, width: int,
-                  choice_markers: tuple[int, ...] = ()) -> RowScores:
+                  choice_markers: tuple[int, ...] = (),
+                  shared: SharedRows | None = None) -> RowScores:
     """`score_rows` at the action tokens only: the head runs on `width` positions per row.
 
     Each row's action tokens must be contiguous and at most `width` long (as
@@ -475,6 +477,10 @@ def score_actions(graphdef: nnx.GraphDef, state: nnx.State, tokens: jax.Array, m
       graphdef, state, tokens, mask, temperature, choice_markers: as `score_rows`.
       action_mask: `[B, L]` bool, true on the action tokens.
       width: the most action tokens in a row (static).
+      shared: the model runs on rows `shared.unique` `[U]` only and row b reads
+        the outputs of `unique[inverse[b]]`, then scores its own action tokens
+        (`stepcredit.models.sharing.shared_rows` finds rows whose outputs are
+        equal); None runs every row.
 
     Returns:
       `RowScores` of `[B, L]` arrays: log-probs, entropies and values equal to
@@ -488,11 +494,16 @@ def score_actions(graphdef: nnx.GraphDef, state: nnx.State, tokens: jax.Array, m
     is_action = jnp.take_along_axis(action_mask, columns, axis=1) & (wanted < length)
     # Token n is predicted by the hidden state at n - 1, and its value is the critic's there.
     predicting = jnp.maximum(columns - 1, 0)
+    run = (tokens, mask, predicting)
+    if shared is not None:
+        run = tuple(x[shared.unique] for x in run)
     if choice_markers:
-        logits, values = model.choice_logits(tokens, mask, predicting, choice_markers)
+        logits, values = model.choice_logits(*run, choice_markers)
     else:
-        hidden, values = model.hidden_at(tokens, mask, predicting)
+        hidden, values = model.hidden_at(*run)
         logits = model.logits(hidden)
+    if shared is not None:
+        logits, values = logits[shared.inverse], values[shared.inverse]
     logp, entropy = token_logprobs_and_entropy(logits / temperature,
                                                jnp.take_along_axis(tokens, columns, axis=1),
                                                is_action)

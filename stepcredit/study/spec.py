@@ -180,7 +180,8 @@ class Study:
 
 # TrainConfig fields added after the shipped studies were fingerprinted, with their defaults.
 FINGERPRINT_NEW_FIELDS = {"policy": "word", "model_dir": None, "param_dtype": "float32", "lora_rank": 0,
-                          "lora_alpha": 32.0, "micro_rows": 0, "critic_learning_rate": 1e-5}
+                          "lora_alpha": 32.0, "micro_rows": 0, "critic_learning_rate": 1e-5,
+                          "share_contexts": True}
 
 
 def _fingerprinted(config: TrainConfig) -> str:

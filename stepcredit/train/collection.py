@@ -67,7 +67,8 @@ class Collector:
         envs = [make_env(config, "train", limit) for _ in range(len(tasks) * config.group_size)]
         with EnvPool(envs) as pool:
             rollout = collect(self.parts.graphdef, policy, pool, tasks, config.group_size,
-                              self.parts.tokenizer, key, config.rollout)
+                              self.parts.tokenizer, key, config.rollout,
+                              share_prompts=config.share_contexts)
             if self.parts.estimator.needs_information_gain:  # IGPO: each task's answer
                 rollout = information_gain.with_answers(rollout, pool.envs)
         if self.parts.estimator.needs_mc_values:

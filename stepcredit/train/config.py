@@ -109,6 +109,11 @@ class TrainConfig:
       critic_learning_rate: with policy "qwen", the AdamW rate of the critic,
         a copy of the model of its own (1e-5, verl's PPO critic beside a 1e-6
         actor); the word model's critic shares its trunk and learning rate.
+      share_contexts: the word model runs once per kind of step row that
+        shares its context (equal prompts while sampling the training
+        rollouts; equal rows but for the last action token in scoring, the
+        PRM and the update: `stepcredit.models.sharing`), with results equal
+        up to float rounding; False runs every row (to measure or check it).
 
     `stepcredit.train.build.resolve` writes out every value derived from
     these (the estimator's full hyperparameters, the loss's critic weight,
@@ -171,6 +176,7 @@ class TrainConfig:
     lora_alpha: float = 32.0
     micro_rows: int = 0
     critic_learning_rate: float = 1e-5
+    share_contexts: bool = True
 
     def __post_init__(self):
         positive = {"iterations": self.iterations, "tasks_per_iteration": self.tasks_per_iteration,

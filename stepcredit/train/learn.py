@@ -24,6 +24,7 @@ import optax
 from stepcredit import advantages as adv
 from stepcredit.batch import Trajectory, collate
 from stepcredit.credit import compiled_compute_advantages
+from stepcredit.models.sharing import SharedRows, shared_rows
 from stepcredit.models.transformer import score_actions
 from stepcredit.train import information_gain, progress, update, vine
 from stepcredit.train.build import Parts, make_env
@@ -79,21 +80,32 @@ class Learner:
         parts, order = [], []
         for chunk, columns in length_groups(rows.mask.sum(1), self.config.minibatch_rows,
                                             limit=full):
-            scores = update.score(params, rows.tokens[chunk, :columns],
-                                  rows.mask[chunk, :columns], rows.action_mask[chunk, :columns],
+            tokens, mask, action_mask = (x[chunk, :columns]
+                                         for x in (rows.tokens, rows.mask, rows.action_mask))
+            scores = update.score(params, tokens, mask, action_mask,
                                   jnp.float32(loss.temperature), graphdef=self.parts.graphdef,
-                                  choice_markers=loss.choice_markers, width=action_width)
+                                  choice_markers=loss.choice_markers, width=action_width,
+                                  shared=self._shared(tokens, mask, action_mask))
             parts.append(jax.tree.map(lambda x: jnp.pad(x, ((0, 0), (0, full - columns))),
                                       scores))
             order.append(chunk)
         inverse = np.argsort(np.concatenate(order))
         return jax.tree.map(lambda *xs: jnp.concatenate(xs)[inverse], *parts)
 
-    def _prm_logprobs(self, prm, rows: StepRowBatch):
+    def _shared(self, tokens, mask, action_mask) -> SharedRows | None:
+        """The kinds of rows the model runs once (`shared_rows`), or None: every row runs
+        (`share_contexts` off, or every position scored)."""
+        loss = self.config.loss
+        if not (self.config.share_contexts and loss.action_width):
+            return None
+        return jax.tree.map(jnp.asarray, shared_rows(tokens, mask, action_mask,
+                                                     markers=loss.choice_markers))
+
+    def _prm_logprobs(self, prm, rows: StepRowBatch, shared: SharedRows | None):
         loss = self.config.loss
         return score_actions(self.parts.graphdef, prm, rows.tokens, rows.mask, rows.action_mask,
                              loss.temperature, width=loss.action_width,
-                             choice_markers=loss.choice_markers).logprobs
+                             choice_markers=loss.choice_markers, shared=shared).logprobs
 
     def update_prm(self, state: TrainState, rows: StepRowBatch, index: RowIndex, tokens, steps,
                    shape, ref_logp: jax.Array) -> tuple[TrainState, jax.Array, dict[str, float]]:
@@ -107,10 +119,11 @@ class Learner:
         success = np.asarray(steps.score) > 0
         num_groups = int(np.max(steps.group_id)) + 1
         beta = self.estimator_config["beta"]  # the same beta scales the implicit rewards
+        shared = self._shared(rows.tokens, rows.mask, rows.action_mask)
 
         def loss_fn(prm):
-            prm_view = tokens_from_rows(self._prm_logprobs(prm, rows), index, rows.action_mask,
-                                        shape)
+            prm_view = tokens_from_rows(self._prm_logprobs(prm, rows, shared), index,
+                                        rows.action_mask, shape)
             return adv.trajectory_preference_loss(
                 prm_view, ref_logp, tokens.action_mask, tokens.step_index, success,
                 steps.group_id, beta=beta, num_groups=num_groups)
@@ -269,15 +282,19 @@ class Learner:
             extra = max_over_processes(data.tokens.shape[0]) - data.tokens.shape[0]
             data = jax.tree.map(lambda x: jnp.pad(x, [(0, extra)] + [(0, 0)] * (x.ndim - 1)),
                                 data)
-        lengths = np.asarray(data.mask).sum(1)
+        host = [np.asarray(x) for x in (data.tokens, data.mask, data.action_mask)]
+        lengths = host[1].sum(1)
         schedule = [step for _ in range(config.epochs)
                     for step in self._minibatches(lengths, data.tokens.shape[1], rng)]
         history = []
         for chunk, width in schedule:
             batch = dp.shard(jax.tree.map(lambda x: x[chunk, :width], data))
+            # Kinds of rows are found per minibatch; on a mesh every row runs on its device.
+            shared = (self._shared(*(x[chunk, :width] for x in host)) if dp.num_devices == 1
+                      else None)
             policy, opt, metrics = update.train_step(
                 policy, opt, batch, graphdef=self.parts.graphdef, tx=self.parts.tx,
-                config=config.loss)
+                config=config.loss, shared=shared)
             history.append(metrics)
             # Every process sees the same global minibatch's KL, so all stop together.
             if (config.target_kl is not None and float(dp.gather(metrics["policy/approx_kl"]))

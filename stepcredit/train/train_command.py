@@ -167,6 +167,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--micro-rows", type=int, default=0,
                         help="with --policy qwen, rows per forward and backward pass of an update, "
                              "the gradients accumulated over --minibatch-rows (0: all at once)")
+    parser.add_argument("--no-share-contexts", dest="share_contexts", action="store_false",
+                        help="run every step row and prompt on its own, instead of once per kind "
+                             "of row sharing its context (equal results up to float rounding)")
     parser.add_argument("--lora-alpha", type=float, default=32.0,
                         help="with --lora-rank, the adapters' scale alpha / r")
     parser.add_argument("--param-dtype", choices=("float32", "bfloat16"), default="float32",
@@ -231,7 +234,7 @@ def config_from_args(args: argparse.Namespace):
         minibatch_rows=args.minibatch_rows, d_model=args.d_model, num_layers=args.num_layers,
         policy=args.policy, model_dir=args.model_dir, param_dtype=args.param_dtype,
         lora_rank=args.lora_rank, lora_alpha=args.lora_alpha, micro_rows=args.micro_rows,
-        critic_learning_rate=args.critic_learning_rate,
+        critic_learning_rate=args.critic_learning_rate, share_contexts=args.share_contexts,
         loss=loss, rollout=RolloutConfig(temperature=args.temperature,
                                          **({} if args.max_prompt_tokens is None else
                                             {"max_prompt_tokens": args.max_prompt_tokens}),

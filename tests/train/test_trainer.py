@@ -367,3 +367,30 @@ def test_an_environment_registered_by_name_trains(tmp_path):
         assert build_tokenizer("household_copy").vocab_size == build_tokenizer("alfworld").vocab_size
     finally:
         env_registry.unregister("household_copy")
+
+
+def test_an_iteration_sharing_contexts_equals_one_running_every_row(tmp_path):
+    """Shared prompts in the rollout and shared rows in scoring, the KL reference and the
+    update (`share_contexts`) change nothing but float rounding (both trainers start from
+    the seed's parameters and key)."""
+    config = TrainConfig(env="hotpotqa", iterations=1, tasks_per_iteration=2, group_size=8,
+                         max_steps=3, d_model=32, num_layers=1, minibatch_rows=16, epochs=2,
+                         loss=learner.LossConfig(kl_coef=0.1),
+                         rollout=RolloutConfig(max_prompt_tokens=320, action_format="choice"),
+                         logdir=str(tmp_path))
+    shared = Trainer(config, log=lambda _: None)
+    alone = Trainer(dataclasses.replace(config, share_contexts=False), log=lambda _: None)
+    rollout = shared.collector.rollout(shared.state.policy, shared.collector.tasks(0),
+                                       jax.random.key(0), 3)
+    rows, _ = build_rows(rollout.trajectories, num_steps=3, row_length=shared.learner.row_length,
+                         pad_id=shared.tokenizer.special.pad, multiple=16)
+    kinds = shared.learner._shared(rows.tokens, rows.mask, rows.action_mask)
+    assert len(kinds.unique) < len(rows.tokens), "a group's first prompts are equal"
+    metrics = {"shared": shared.iteration(0), "alone": alone.iteration(0)}
+    for name in ("rollout/success", "rollout/steps_per_episode", "batch/rows"):
+        assert metrics["shared"][name] == metrics["alone"][name], name
+    for name in ("loss/policy", "loss/kl", "policy/entropy", "optim/grad_norm"):
+        np.testing.assert_allclose(metrics["shared"][name], metrics["alone"][name], rtol=1e-4,
+                                   atol=1e-6, err_msg=name)
+    for a, b in zip(jax.tree.leaves(shared.state.policy), jax.tree.leaves(alone.state.policy)):
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-4, atol=1e-6)

@@ -1,0 +1,143 @@
+"""Rows sharing a context are computed once: the kinds found, and outputs and gradients
+equal to every row run on its own."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+from stepcredit.models.generate import generate
+from stepcredit.models.sharing import MIN_SHARED_ROWS, shared_prompts, shared_rows
+from stepcredit.models.transformer import (
+    TransformerConfig,
+    TransformerPolicy,
+    pack_rows,
+    score_actions,
+)
+
+V, SEP, EOA, PAD = 80, 3, 2, 0
+LABELS = (10, 11, 12, 13)
+CONFIG = TransformerConfig(vocab_size=V, d_model=32, num_layers=2, num_heads=2, mlp_dim=64)
+GRAPHDEF, STATE = nnx.split(TransformerPolicy(CONFIG, rngs=nnx.Rngs(5)))
+
+
+def _listing(words):
+    """A prompt offering LABELS after some words: `words <adm> a <10> <sep> b <11> <sep> ...`."""
+    return list(words) + [4] + [i for k, label in enumerate(LABELS) for i in (40 + k, label, SEP)]
+
+
+PROMPTS = [_listing([1, 20 + k]) for k in range(3)] + [_listing([1, 30, 31])]
+
+
+def _rows(kinds, actions):
+    """One row per (prompt kind, action ids), right-padded."""
+    return pack_rows([PROMPTS[k] for k in kinds], actions, length=24, pad_id=PAD)
+
+
+def _as_jax(shared):
+    return jax.tree.map(jnp.asarray, shared)
+
+
+def test_rows_equal_but_for_their_last_action_token_are_one_kind():
+    kinds = [0, 0, 1, 0, 2, 1, 0, 3, 3, 2]
+    rows = _rows(kinds, [[LABELS[i % 4]] for i in range(len(kinds))])
+    shared = shared_rows(rows.tokens, rows.mask, rows.action_mask, markers=(SEP,))
+    assert len(shared.unique) == MIN_SHARED_ROWS
+    assert np.array_equal(shared.inverse[[0, 1, 3, 6]], [shared.inverse[0]] * 4)
+    assert len(set(shared.inverse.tolist())) == 4
+    for b, kind in enumerate(kinds):
+        source = shared.unique[shared.inverse[b]]
+        assert kinds[source] == kind
+
+
+def test_rows_whose_actions_differ_before_the_last_token_or_sit_elsewhere_are_kinds_apart():
+    prompt = PROMPTS[0]
+    rows = pack_rows([prompt, prompt, prompt, prompt[:-1]] * 4,
+                     [[7, 8], [7, 9], [6, 8], [SEP, 7, 8]] * 4, length=24, pad_id=PAD)
+    inverse = shared_rows(rows.tokens, rows.mask, rows.action_mask).inverse
+    assert inverse[0] == inverse[1]
+    # Same tokens as row 0 from a shorter prompt: its action starts a column earlier.
+    assert len({inverse[0], inverse[2], inverse[3]}) == 3
+
+
+def test_a_last_action_token_that_is_a_marker_is_part_of_the_context():
+    rows = pack_rows([PROMPTS[0]] * 16, [[SEP], [5]] * 8, length=24, pad_id=PAD)
+    assert len(set(shared_rows(rows.tokens, rows.mask, rows.action_mask).inverse)) == 1
+    assert len(set(shared_rows(rows.tokens, rows.mask, rows.action_mask,
+                               markers=(SEP,)).inverse)) == 2
+
+
+@pytest.mark.parametrize("batch, kinds, expected", [(64, 5, 8), (64, 9, 16), (64, 33, 64),
+                                                    (6, 2, 6), (48, 30, 32), (48, 40, 48)])
+def test_the_shared_rows_are_a_power_of_two_at_most_the_batch(batch, kinds, expected):
+    rows = _rows([0] * batch, [[50 + k % 3] for k in range(batch)])
+    tokens = rows.tokens.copy()
+    tokens[:, 0] = np.arange(batch) % kinds  # the kind sits in the first column
+    shared = shared_rows(tokens, rows.mask, rows.action_mask)
+    assert len(shared.unique) == expected
+    if expected == batch:  # no saving: every row is its own kind
+        assert np.array_equal(shared.unique, np.arange(batch))
+        assert np.array_equal(shared.inverse, np.arange(batch))
+    else:
+        assert len(set(shared.inverse.tolist())) == kinds
+
+
+def test_shared_rows_refuses_mismatched_shapes():
+    rows = _rows([0, 1], [[LABELS[0]], [LABELS[1]]])
+    with pytest.raises(ValueError, match=r"shared_rows: tokens \(2, 24\), mask \(2, 23\)"):
+        shared_rows(rows.tokens, rows.mask[:, :-1], rows.action_mask)
+
+
+@pytest.mark.parametrize("markers, actions", [((SEP,), "labels"), ((), "text")])
+def test_shared_scores_and_gradients_equal_every_row_run_alone(markers, actions):
+    rng = np.random.default_rng(0)
+    kinds = [0, 0, 0, 1, 1, 2, 0, 3, 3, 3, 1, 2]
+    ids = ([[LABELS[i]] for i in rng.integers(0, 4, len(kinds))] if actions == "labels" else
+           [[30, 50 + int(j), EOA] for j in rng.integers(0, 2, len(kinds))])
+    rows = _rows(kinds, ids)
+    width = max(len(a) for a in ids)
+    shared = _as_jax(shared_rows(rows.tokens, rows.mask, rows.action_mask, markers=markers))
+    assert len(set(np.asarray(shared.inverse).tolist())) < len(kinds)
+    weights = jnp.asarray(rng.normal(size=rows.tokens.shape), jnp.float32)
+
+    def scores(state, shared):
+        return score_actions(GRAPHDEF, state, rows.tokens, rows.mask, rows.action_mask, 1.0,
+                             width=width, choice_markers=markers, shared=shared)
+
+    def objective(state, shared):
+        out = scores(state, shared)
+        return jnp.sum(weights * (out.logprobs + out.entropies + out.values))
+
+    alone, together = scores(STATE, None), scores(STATE, shared)
+    for a, b in zip(alone, together):
+        np.testing.assert_allclose(np.asarray(b), np.asarray(a), rtol=1e-5, atol=1e-6)
+    grads_alone = jax.grad(objective)(STATE, None)
+    grads_together = jax.grad(objective)(STATE, shared)
+    scale = max(float(np.abs(np.asarray(g)).max()) for g in jax.tree.leaves(grads_alone))
+    for a, b in zip(jax.tree.leaves(grads_alone), jax.tree.leaves(grads_together)):
+        np.testing.assert_allclose(np.asarray(b), np.asarray(a), rtol=1e-4, atol=1e-5 * scale)
+
+
+@pytest.mark.parametrize("max_new_tokens, markers", [(1, (SEP,)), (1, ()), (4, ())])
+def test_generation_from_shared_prompts_samples_what_every_row_alone_samples(max_new_tokens,
+                                                                             markers):
+    kinds = [0, 1, 0, 0, 2, 1, 3, 0, 0, 2, 3, 0]
+    prompts = pack_rows([PROMPTS[k] for k in kinds], length=20, pad_id=PAD, side="left")
+    shared = shared_prompts(prompts.tokens, prompts.mask)
+    assert len(shared.unique) == MIN_SHARED_ROWS and len(set(shared.inverse.tolist())) == 4
+
+    def sample(shared):
+        return jax.tree.map(np.asarray, generate(
+            GRAPHDEF, STATE, prompts.tokens, prompts.mask, jax.random.key(3),
+            max_new_tokens=max_new_tokens, eoa_id=EOA, pad_id=PAD, choice_markers=markers,
+            shared=shared))
+
+    alone, together = sample(None), sample(_as_jax(shared))
+    np.testing.assert_array_equal(together.tokens, alone.tokens)
+    np.testing.assert_array_equal(together.lengths, alone.lengths)
+    for name in ("logprobs", "entropies", "values"):
+        np.testing.assert_allclose(getattr(together, name), getattr(alone, name), rtol=1e-5,
+                                   atol=1e-6)
+    # Rows of one prompt still draw their own actions.
+    assert len({tuple(alone.tokens[b]) for b, k in enumerate(kinds) if k == 0}) > 1
