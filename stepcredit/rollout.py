@@ -26,7 +26,7 @@ from stepcredit.keys import stable_key
 from stepcredit.models.generate import generate
 from stepcredit.models.sharing import shared_prompts
 from stepcredit.models.tokenizer import Tokenizer
-from stepcredit.models.transformer import forward, pack_rows
+from stepcredit.models.transformer import pack_rows, prompt_values
 from stepcredit.prompts import build_step_prompt, prompt_metrics
 
 
@@ -224,6 +224,10 @@ def _left_padded(tokenizer: Tokenizer, prompts: Sequence[Sequence[int] | None], 
     return rows.tokens, rows.mask
 
 
+def _shared(tokens, mask, share: bool):
+    return jax.tree.map(jnp.asarray, shared_prompts(tokens, mask)) if share else None
+
+
 def collect(graphdef, state, pool: EnvPool, tasks: Sequence[Any], group_size: int,
             tokenizer: Tokenizer, key: jax.Array, config: RolloutConfig, *,
             history: Sequence[Sequence[tuple[str, str | Sequence[int]]]] | None = None,
@@ -275,7 +279,7 @@ def collect(graphdef, state, pool: EnvPool, tasks: Sequence[Any], group_size: in
                                     config.max_prompt_tokens)
         key, sample_key = jax.random.split(key)
         tick = time.perf_counter()
-        shared = jax.tree.map(jnp.asarray, shared_prompts(tokens, mask)) if share_prompts else None
+        shared = _shared(tokens, mask, share_prompts)
         out = jax.device_get(generate(graphdef, state, tokens, mask, sample_key,
                                       max_new_tokens=config.action_length, eoa_id=special.eoa,
                                       pad_id=special.pad, temperature=config.temperature,
@@ -319,7 +323,8 @@ def collect(graphdef, state, pool: EnvPool, tasks: Sequence[Any], group_size: in
             histories[i].append((observations[i].text, history_action(config, actions[i], ids)))
             observations[i] = result.observation
             final_info[i] = info
-    bootstrap = _bootstrap_values(graphdef, state, tokenizer, config, steps, observations, histories)
+    bootstrap = _bootstrap_values(graphdef, state, tokenizer, config, steps, observations, histories,
+                                  share_prompts)
     trajectories = [Trajectory(steps=steps[i], group_id=i // group_size,
                                score=float(sum(s.reward for s in steps[i])),
                                bootstrap_value=bootstrap[i]) for i in range(batch)]
@@ -328,7 +333,8 @@ def collect(graphdef, state, pool: EnvPool, tasks: Sequence[Any], group_size: in
                                           generated_tokens, elapsed, model_seconds))
 
 
-def _bootstrap_values(graphdef, state, tokenizer, config, steps, observations, histories):
+def _bootstrap_values(graphdef, state, tokenizer, config, steps, observations, histories,
+                      share_prompts):
     """V(s_next) after each truncated trajectory's last step (its bootstrap value); 0 elsewhere
     and, unless `config.bootstrap_truncated`, everywhere."""
     truncated = [i for i, s in enumerate(steps) if s and s[-1].truncated]
@@ -338,8 +344,8 @@ def _bootstrap_values(graphdef, state, tokenizer, config, steps, observations, h
     prompts = [step_prompt(tokenizer, config, observations[i], histories[i]).ids
                if i in truncated else None for i in range(len(steps))]
     tokens, mask = _left_padded(tokenizer, prompts, config.max_prompt_tokens)
-    _, state_values = forward(graphdef, state, tokens, mask)
-    state_values = np.asarray(state_values[:, -1])
+    state_values = np.asarray(prompt_values(graphdef, state, tokens, mask,
+                                            _shared(tokens, mask, share_prompts)))
     for i in truncated:
         values[i] = float(state_values[i])
     return values

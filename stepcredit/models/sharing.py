@@ -54,13 +54,16 @@ def _bucket(count: int, batch: int) -> int:
 def _kinds(keys: np.ndarray) -> SharedRows:
     """Groups equal rows of `keys` `[B, K]`."""
     batch = keys.shape[0]
-    _, first, inverse = np.unique(keys, axis=0, return_index=True, return_inverse=True)
-    size = _bucket(len(first), batch)
+    kind_of: dict[bytes, int] = {}  # a row's bytes -> its kind, kinds numbered by first row
+    inverse = np.array([kind_of.setdefault(row.tobytes(), len(kind_of)) for row in keys],
+                       np.int32)
+    size = _bucket(len(kind_of), batch)
     if size == batch:
         return every_row(batch)
+    _, first = np.unique(inverse, return_index=True)
     unique = np.full(size, first[0], np.int32)
     unique[:len(first)] = first
-    return SharedRows(unique, inverse.reshape(-1).astype(np.int32))
+    return SharedRows(unique, inverse)
 
 
 def shared_rows(tokens, mask, action_mask, *, markers: Sequence[int] = ()) -> SharedRows:

@@ -352,6 +352,29 @@ def forward(graphdef: nnx.GraphDef, state: nnx.State, tokens: jax.Array, mask: j
     return nnx.merge(graphdef, state)(tokens, mask, positions)
 
 
+@jax.jit(static_argnums=0)
+def prompt_values(graphdef: nnx.GraphDef, state: nnx.State, tokens: jax.Array, mask: jax.Array,
+                  shared: SharedRows | None = None) -> jax.Array:
+    """V(s) of left-padded prompts: the critic output at the last column, `[B]` float32.
+
+    Equal to `forward(graphdef, state, tokens, mask)[1][:, -1]`, but the last
+    block runs at that column only and the language-model head not at all.
+
+    Args:
+      graphdef, state: from `nnx.split(model)` (graphdef is static).
+      tokens: `[B, P]` int ids, left-padded (every prompt ends at column P - 1).
+      mask: `[B, P]` bool, true on real tokens.
+      shared: equal prompts run once (as in `generate`); None runs every row.
+    """
+    model = nnx.merge(graphdef, state)
+    if shared is not None:
+        tokens, mask = tokens[shared.unique], mask[shared.unique]
+    last = jnp.full((tokens.shape[0], 1), tokens.shape[1] - 1, jnp.int32)
+    _, values = model.hidden_at(tokens, mask, last)
+    values = values[:, 0].astype(jnp.float32)
+    return values if shared is None else values[shared.inverse]
+
+
 def token_logprobs_and_entropy(logits: jax.Array, targets: jax.Array,
                                mask: jax.Array) -> tuple[jax.Array, jax.Array]:
     """Log-probability of each target token and the entropy of its distribution.

@@ -282,16 +282,19 @@ class Learner:
             extra = max_over_processes(data.tokens.shape[0]) - data.tokens.shape[0]
             data = jax.tree.map(lambda x: jnp.pad(x, [(0, extra)] + [(0, 0)] * (x.ndim - 1)),
                                 data)
-        host = [np.asarray(x) for x in (data.tokens, data.mask, data.action_mask)]
-        lengths = host[1].sum(1)
+        # Minibatches are cut on the host: indexing device arrays would dispatch (and, at
+        # each new width, compile) one gather per array and minibatch.
+        data = jax.tree.map(np.asarray, data)
+        lengths = data.mask.sum(1)
         schedule = [step for _ in range(config.epochs)
                     for step in self._minibatches(lengths, data.tokens.shape[1], rng)]
         history = []
         for chunk, width in schedule:
-            batch = dp.shard(jax.tree.map(lambda x: x[chunk, :width], data))
+            batch = jax.tree.map(lambda x: x[chunk, :width], data)
             # Kinds of rows are found per minibatch; on a mesh every row runs on its device.
-            shared = (self._shared(*(x[chunk, :width] for x in host)) if dp.num_devices == 1
-                      else None)
+            shared = (self._shared(batch.tokens, batch.mask, batch.action_mask)
+                      if dp.num_devices == 1 else None)
+            batch = dp.shard(batch)
             policy, opt, metrics = update.train_step(
                 policy, opt, batch, graphdef=self.parts.graphdef, tx=self.parts.tx,
                 config=config.loss, shared=shared)

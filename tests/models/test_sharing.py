@@ -12,14 +12,25 @@ from stepcredit.models.sharing import MIN_SHARED_ROWS, shared_prompts, shared_ro
 from stepcredit.models.transformer import (
     TransformerConfig,
     TransformerPolicy,
+    forward,
     pack_rows,
+    prompt_values,
     score_actions,
 )
 
 V, SEP, EOA, PAD = 80, 3, 2, 0
 LABELS = (10, 11, 12, 13)
 CONFIG = TransformerConfig(vocab_size=V, d_model=32, num_layers=2, num_heads=2, mlp_dim=64)
-GRAPHDEF, STATE = nnx.split(TransformerPolicy(CONFIG, rngs=nnx.Rngs(5)))
+
+
+def _policy():
+    model = TransformerPolicy(CONFIG, rngs=nnx.Rngs(5))
+    head = model.value_head.kernel  # zero at initialisation: give the values something to say
+    head[...] = jax.random.normal(jax.random.key(6), head[...].shape)
+    return model
+
+
+GRAPHDEF, STATE = nnx.split(_policy())
 
 
 def _listing(words):
@@ -141,3 +152,15 @@ def test_generation_from_shared_prompts_samples_what_every_row_alone_samples(max
                                    atol=1e-6)
     # Rows of one prompt still draw their own actions.
     assert len({tuple(alone.tokens[b]) for b, k in enumerate(kinds) if k == 0}) > 1
+
+
+def test_prompt_values_equal_the_full_forward_pass_at_the_last_column():
+    kinds = [0, 1, 0, 0, 2, 1, 3, 0, 0, 2, 3, 0]
+    prompts = pack_rows([PROMPTS[k] for k in kinds], length=20, pad_id=PAD, side="left")
+    _, values = forward(GRAPHDEF, STATE, prompts.tokens, prompts.mask)
+    shared = _as_jax(shared_prompts(prompts.tokens, prompts.mask))
+    assert np.abs(np.asarray(values[:, -1])).min() > 1e-3
+    for run in (None, shared):
+        np.testing.assert_allclose(
+            np.asarray(prompt_values(GRAPHDEF, STATE, prompts.tokens, prompts.mask, run)),
+            np.asarray(values[:, -1]), rtol=1e-5, atol=1e-6)
