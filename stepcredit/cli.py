@@ -13,6 +13,10 @@ Every subcommand takes `--import MODULE` (repeatable): the module is imported
 before the command runs, so estimators and environments it registers
 (`stepcredit.advantages.register`, `stepcredit.envs.registry.register`) can
 be named like the built-in ones.
+
+Every command keeps JAX's persistent compilation cache
+(`stepcredit.compilation_cache`): a later run with the same shapes reads its
+compiled programs back instead of compiling them again.
 """
 
 from __future__ import annotations
@@ -21,6 +25,8 @@ import argparse
 import importlib
 import importlib.metadata
 import sys
+
+from stepcredit.compilation_cache import use_compilation_cache
 
 _SUBCOMMANDS = {
     "demo": "stepcredit.demo",
@@ -72,6 +78,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     """Runs one subcommand; returns its exit status (2 for a user's mistake)."""
     args = build_parser().parse_args(argv)
+    use_compilation_cache()
     try:
         for module in args.imports:
             try:

@@ -7,6 +7,7 @@ import sys
 import pytest
 
 from stepcredit.cli import build_parser, main
+from stepcredit.compilation_cache import DEFAULT_DIRECTORY
 
 
 def _subparsers():
@@ -60,3 +61,22 @@ def test_a_malformed_argument_is_one_line_too(capsys):
     assert exit_info.value.code == 2
     assert capsys.readouterr().err == ("stepcredit train: argument --set: --set 'lam': expected "
                                        "key=value (see stepcredit train --help)\n")
+
+
+
+@pytest.mark.parametrize("variable", [None, "", "chosen"])
+def test_commands_keep_the_persistent_compilation_cache(monkeypatch, tmp_path, variable):
+    import jax
+
+    expected = DEFAULT_DIRECTORY
+    if variable is None:
+        monkeypatch.delenv("JAX_COMPILATION_CACHE_DIR", raising=False)
+    else:
+        expected = str(tmp_path / variable) if variable else DEFAULT_DIRECTORY
+        monkeypatch.setenv("JAX_COMPILATION_CACHE_DIR", str(tmp_path / variable) if variable else "")
+    before = jax.config.jax_compilation_cache_dir
+    try:
+        assert main(["table", str(tmp_path / "no-results")]) == 2  # a command ran, and failed
+        assert jax.config.jax_compilation_cache_dir == expected
+    finally:
+        jax.config.update("jax_compilation_cache_dir", before)

@@ -20,6 +20,7 @@ import threading
 import time
 import traceback
 
+from stepcredit.compilation_cache import use_compilation_cache
 from stepcredit.study.records import DONE, FAILED, run_dir, write_record
 from stepcredit.study.spec import Run, Study, load_study
 
@@ -107,6 +108,7 @@ def main(argv: list[str] | None = None) -> int:
     if cores and hasattr(os, "sched_setaffinity"):
         os.sched_setaffinity(0, {int(c) for c in cores[0].split(",")})
     exit_with_parent()
+    use_compilation_cache()
     study = load_study(study_path)
     log = functools.partial(print, flush=True)
     try:
