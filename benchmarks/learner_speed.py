@@ -6,7 +6,10 @@ queries, attention and MLP at the action columns only
 (`TransformerPolicy.hidden_at`), and `generate` does the same for one-token
 actions. This script times, in one run and on the same inputs, the gradient of
 the action log-probs (what one update minibatch costs) and one-token sampling,
-each against the full-width computation it replaced, and prints the ratios.
+each against the full-width computation it replaced, and prints the ratios;
+then the pointer's update gradient (the choice format) with every one of the
+`MAX_CHOICES` label slots against the bound `label_slots` gives, on rows listing
+12 and 20 actions.
 
     python benchmarks/learner_speed.py [--rows 64] [--widths 256 512] [--reps 5]
 """
@@ -18,10 +21,12 @@ import time
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from flax import nnx
 
 from stepcredit.models.generate import generate
-from stepcredit.models.transformer import TransformerConfig, TransformerPolicy, score_actions
+from stepcredit.models.transformer import (TransformerConfig, TransformerPolicy, label_slots,
+                                           score_actions)
 
 
 def _seconds(fn, reps: int) -> float:
@@ -40,6 +45,22 @@ def _full_width_logp(graphdef, state, tokens, mask, column):
     hidden, _ = model.hidden(tokens, mask)
     logits = model.logits(hidden[:, column - 1])
     return jax.nn.log_softmax(logits)[jnp.arange(tokens.shape[0]), tokens[:, column]]
+
+
+SEPARATOR = 5  # the marker after each label of the synthetic lists
+
+
+def _listing_rows(rows: int, width: int, labels: int):
+    """Rows of random words holding a list of `labels` actions (word, label, marker), the
+    last token one of its labels."""
+    tokens = np.random.default_rng(width).integers(300, 2048, (rows, width)).astype(np.int32)
+    for j in range(labels):
+        tokens[:, 40 + 3 * j] = 16 + j
+        tokens[:, 41 + 3 * j] = SEPARATOR
+    tokens[:, -1] = 16
+    action_mask = np.zeros((rows, width), bool)
+    action_mask[:, -1] = True
+    return tokens, np.ones((rows, width), bool), action_mask
 
 
 def main() -> None:
@@ -79,6 +100,25 @@ def main() -> None:
         t_cached, t_one = _seconds(sample(2), args.reps), _seconds(sample(1), args.reps)
         print(f"| {width} | {t_full:.3f} | {t_pruned:.3f} | {t_full / t_pruned:.2f}x "
               f"| {t_cached:.3f} | {t_one:.3f} | {t_cached / t_one:.2f}x |")
+    print("\nThe pointer's update gradient with every label slot (MAX_CHOICES) and with "
+          "label_slots's bound")
+    print("| width | labels a row | all slots | tight slots | ratio |")
+    print("|---:|---:|---:|---:|---:|")
+    for width in args.widths:
+        for labels in (12, 20):
+            tokens, mask, action_mask = _listing_rows(args.rows, width, labels)
+            slots = label_slots(tokens, mask, (SEPARATOR,))
+
+            def pointer(slots):
+                return jax.jit(jax.grad(lambda s: score_actions(
+                    graphdef, s, tokens, mask, action_mask, 1.0, width=1,
+                    choice_markers=(SEPARATOR,), label_slots=slots).logprobs.sum()))
+
+            every, tight = pointer(None), pointer(slots)
+            t_every, t_tight = (_seconds(lambda: every(state), args.reps),
+                                _seconds(lambda: tight(state), args.reps))
+            print(f"| {width} | {labels} | {t_every:.3f} | {t_tight:.3f} ({slots} slots) "
+                  f"| {t_every / t_tight:.2f}x |")
 
 
 if __name__ == "__main__":

@@ -26,7 +26,7 @@ from stepcredit.keys import stable_key
 from stepcredit.models.generate import generate
 from stepcredit.models.sharing import shared_prompts
 from stepcredit.models.tokenizer import Tokenizer
-from stepcredit.models.transformer import pack_rows, prompt_values
+from stepcredit.models.transformer import label_slots, pack_rows, prompt_values
 from stepcredit.prompts import build_step_prompt, prompt_metrics
 
 
@@ -279,12 +279,14 @@ def collect(graphdef, state, pool: EnvPool, tasks: Sequence[Any], group_size: in
                                     config.max_prompt_tokens)
         key, sample_key = jax.random.split(key)
         tick = time.perf_counter()
-        shared = _shared(tokens, mask, share_prompts)
+        markers = choice_markers(tokenizer, config)
         out = jax.device_get(generate(graphdef, state, tokens, mask, sample_key,
                                       max_new_tokens=config.action_length, eoa_id=special.eoa,
                                       pad_id=special.pad, temperature=config.temperature,
-                                      choice_markers=choice_markers(tokenizer, config),
-                                      shared=shared))
+                                      choice_markers=markers,
+                                      shared=_shared(tokens, mask, share_prompts),
+                                      label_slots=label_slots(tokens, mask, markers)
+                                      if markers else None))
         model_seconds += time.perf_counter() - tick
         actions: list[str | None] = [None] * batch
         parse_errors: dict[int, str] = {}

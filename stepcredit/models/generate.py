@@ -72,13 +72,15 @@ def _sample(key, logits, temperature, done):
     return ids, logp[:, 0], entropy[:, 0]
 
 
-@functools.partial(jax.jit, static_argnames=("graphdef", "max_new_tokens", "choice_markers"))
+@functools.partial(jax.jit, static_argnames=("graphdef", "max_new_tokens", "choice_markers",
+                                             "label_slots"))
 def generate(graphdef: nnx.GraphDef, state: nnx.State, prompt_tokens: jax.Array,
              prompt_mask: jax.Array, key: jax.Array, *, max_new_tokens: int,
              eoa_id: int | jax.Array, pad_id: int | jax.Array,
              temperature: float | jax.Array = 1.0,
              choice_markers: tuple[int, ...] = (),
-             shared: SharedRows | None = None) -> Generation:
+             shared: SharedRows | None = None,
+             label_slots: int | None = None) -> Generation:
     """Samples one action per prompt with a KV cache.
 
     Args:
@@ -103,6 +105,9 @@ def generate(graphdef: nnx.GraphDef, state: nnx.State, prompt_tokens: jax.Array,
         the cache) runs on rows `shared.unique` `[U]` only, row b reads that of
         `unique[inverse[b]]` and samples its own tokens
         (`stepcredit.models.sharing.shared_prompts`); None runs every row.
+      label_slots: with `choice_markers`, the most labels a prompt holds
+        (static, `stepcredit.models.transformer.label_slots`); None: all
+        `MAX_CHOICES`.
 
     Returns:
       A `Generation`.
@@ -124,7 +129,7 @@ def generate(graphdef: nnx.GraphDef, state: nnx.State, prompt_tokens: jax.Array,
         last_column = jnp.full((run_tokens.shape[0], 1), p - 1, jnp.int32)
         if choice_markers:
             logits, values = model.choice_logits(run_tokens, run_mask, last_column,
-                                                 choice_markers)
+                                                 choice_markers, label_slots)
             logits = logits[:, -1]
         else:
             hidden, values = model.hidden_at(run_tokens, run_mask, last_column)

@@ -228,7 +228,8 @@ class TransformerPolicy(nnx.Module):
         return h, values
 
     def choice_logits(self, tokens: jax.Array, mask: jax.Array, columns: jax.Array,
-                      marker_ids: Sequence[int]) -> tuple[jax.Array, jax.Array]:
+                      marker_ids: Sequence[int], slots: int | None = None
+                      ) -> tuple[jax.Array, jax.Array]:
         """Logits at `columns` `[B, W]` over the labels of a numbered list, by pointing.
 
         A label is an id directly followed by one of `marker_ids` (the list
@@ -250,13 +251,16 @@ class TransformerPolicy(nnx.Module):
           mask: `[B, L]` bool, true on real tokens.
           columns: `[B, W]` int, the columns whose next token is chosen.
           marker_ids: the ids that follow a label.
+          slots: the most labels a row holds (static; `label_slots` counts them
+            on the host); the last block runs at that many label columns. None:
+            `MAX_CHOICES`. Labels past the slots are never offered.
 
         Returns:
           `(logits [B, W, vocab_size], values [B, W])`, values as `hidden_at`'s.
         """
         is_label = label_positions(tokens, mask, marker_ids)
         batch, width = columns.shape
-        slots = min(MAX_CHOICES, tokens.shape[1])
+        slots = min(slots or MAX_CHOICES, tokens.shape[1])
         label_columns = jax.vmap(lambda row: jnp.nonzero(row, size=slots, fill_value=0)[0])(
             is_label)
         is_slot = jnp.take_along_axis(is_label, label_columns, axis=1)
@@ -430,6 +434,21 @@ def label_positions(tokens: jax.Array, mask: jax.Array, marker_ids: Sequence[int
     return jnp.concatenate([followed & mask[:, :-1], jnp.zeros_like(mask[:, :1])], axis=1)
 
 
+MIN_LABEL_SLOTS = 16
+"""The fewest label slots `label_slots` gives (bounds the compiled shapes)."""
+
+
+def label_slots(tokens, mask, marker_ids: Sequence[int]) -> int:
+    """The label slots a batch needs (host NumPy): the most labels in a row
+    (`label_positions`), rounded up to a power of two, at least `MIN_LABEL_SLOTS`
+    and at most `MAX_CHOICES`. A tighter bound than `MAX_CHOICES` saves the last
+    block's work at the empty slots (HotpotQA lists up to about 20 actions)."""
+    tokens, mask = np.asarray(tokens), np.asarray(mask, bool)
+    followed = np.isin(tokens[:, 1:], np.asarray(marker_ids, tokens.dtype)) & mask[:, 1:]
+    most = int((followed & mask[:, :-1]).sum(axis=1).max(initial=0))
+    return min(MAX_CHOICES, max(MIN_LABEL_SLOTS, 1 << max(most - 1, 0).bit_length()))
+
+
 def _has_previous(mask: jax.Array) -> jax.Array:
     """`[B, L]`: token n and the column before it are real (false in column 0).
 
@@ -483,11 +502,12 @@ def score_rows(graphdef: nnx.GraphDef, state: nnx.State, tokens: jax.Array, mask
                      jnp.concatenate([pad, entropy], axis=1), _token_values(values, has_prev))
 
 
-@jax.jit(static_argnums=0, static_argnames=("width", "choice_markers"))
+@jax.jit(static_argnums=0, static_argnames=("width", "choice_markers", "label_slots"))
 def score_actions(graphdef: nnx.GraphDef, state: nnx.State, tokens: jax.Array, mask: jax.Array,
                   action_mask: jax.Array, temperature: float | jax.Array = 1.0, *, width: int,
                   choice_markers: tuple[int, ...] = (),
-                  shared: SharedRows | None = None) -> RowScores:
+                  shared: SharedRows | None = None,
+                  label_slots: int | None = None) -> RowScores:
     """`score_rows` at the action tokens only: the head runs on `width` positions per row.
 
     Each row's action tokens must be contiguous and at most `width` long (as
@@ -504,6 +524,8 @@ def score_actions(graphdef: nnx.GraphDef, state: nnx.State, tokens: jax.Array, m
         the outputs of `unique[inverse[b]]`, then scores its own action tokens
         (`stepcredit.models.sharing.shared_rows` finds rows whose outputs are
         equal); None runs every row.
+      label_slots: with `choice_markers`, the most labels a row holds (static,
+        `label_slots`); None: `MAX_CHOICES`.
 
     Returns:
       `RowScores` of `[B, L]` arrays: log-probs, entropies and values equal to
@@ -521,7 +543,7 @@ def score_actions(graphdef: nnx.GraphDef, state: nnx.State, tokens: jax.Array, m
     if shared is not None:
         run = tuple(x[shared.unique] for x in run)
     if choice_markers:
-        logits, values = model.choice_logits(*run, choice_markers)
+        logits, values = model.choice_logits(*run, choice_markers, label_slots)
     else:
         hidden, values = model.hidden_at(*run)
         logits = model.logits(hidden)

@@ -25,7 +25,7 @@ from stepcredit import advantages as adv
 from stepcredit.batch import Trajectory, collate
 from stepcredit.credit import compiled_compute_advantages
 from stepcredit.models.sharing import SharedRows, shared_rows
-from stepcredit.models.transformer import score_actions
+from stepcredit.models.transformer import label_slots, score_actions
 from stepcredit.train import information_gain, progress, update, vine
 from stepcredit.train.build import Parts, make_env
 from stepcredit.train.curriculum import learning_rate_at
@@ -85,7 +85,8 @@ class Learner:
             scores = update.score(params, tokens, mask, action_mask,
                                   jnp.float32(loss.temperature), graphdef=self.parts.graphdef,
                                   choice_markers=loss.choice_markers, width=action_width,
-                                  shared=self._shared(tokens, mask, action_mask))
+                                  shared=self._shared(tokens, mask, action_mask),
+                                  label_slots=self._label_slots(tokens, mask))
             parts.append(jax.tree.map(lambda x: jnp.pad(x, ((0, 0), (0, full - columns))),
                                       scores))
             order.append(chunk)
@@ -101,11 +102,17 @@ class Learner:
         return jax.tree.map(jnp.asarray, shared_rows(tokens, mask, action_mask,
                                                      markers=loss.choice_markers))
 
+    def _label_slots(self, tokens, mask) -> int | None:
+        """The most labels a row holds (`label_slots`), for the pointer; None without it."""
+        markers = self.config.loss.choice_markers
+        return label_slots(tokens, mask, markers) if markers else None
+
     def _prm_logprobs(self, prm, rows: StepRowBatch, shared: SharedRows | None):
         loss = self.config.loss
         return score_actions(self.parts.graphdef, prm, rows.tokens, rows.mask, rows.action_mask,
                              loss.temperature, width=loss.action_width,
-                             choice_markers=loss.choice_markers, shared=shared).logprobs
+                             choice_markers=loss.choice_markers, shared=shared,
+                             label_slots=self._label_slots(rows.tokens, rows.mask)).logprobs
 
     def update_prm(self, state: TrainState, rows: StepRowBatch, index: RowIndex, tokens, steps,
                    shape, ref_logp: jax.Array) -> tuple[TrainState, jax.Array, dict[str, float]]:
@@ -294,10 +301,11 @@ class Learner:
             # Kinds of rows are found per minibatch; on a mesh every row runs on its device.
             shared = (self._shared(batch.tokens, batch.mask, batch.action_mask)
                       if dp.num_devices == 1 else None)
-            batch = dp.shard(batch)
+            # Processes compile one program together: their local label counts may differ.
+            slots = None if self.multiprocess else self._label_slots(batch.tokens, batch.mask)
             policy, opt, metrics = update.train_step(
-                policy, opt, batch, graphdef=self.parts.graphdef, tx=self.parts.tx,
-                config=config.loss, shared=shared)
+                policy, opt, dp.shard(batch), graphdef=self.parts.graphdef, tx=self.parts.tx,
+                config=config.loss, shared=shared, label_slots=slots)
             history.append(metrics)
             # Every process sees the same global minibatch's KL, so all stop together.
             if (config.target_kl is not None and float(dp.gather(metrics["policy/approx_kl"]))

@@ -89,10 +89,11 @@ class Minibatch(NamedTuple):
 
 def _row_scores(graphdef, state, tokens, mask, action_mask, temperature, *,
                 choice_markers: tuple[int, ...], width: int | None,
-                shared: SharedRows | None = None) -> RowScores:
+                shared: SharedRows | None = None, label_slots: int | None = None) -> RowScores:
     if width:
         return score_actions(graphdef, state, tokens, mask, action_mask, temperature, width=width,
-                             choice_markers=choice_markers, shared=shared)
+                             choice_markers=choice_markers, shared=shared,
+                             label_slots=label_slots)
     return score_rows(graphdef, state, tokens, mask, temperature, choice_markers=choice_markers)
 
 
@@ -135,16 +136,17 @@ def policy_loss(config: LossConfig, logp, old_logp, advantages, action_mask, beh
 
 
 def total_loss(state: nnx.State, graphdef: nnx.GraphDef, config: LossConfig,
-               batch: Minibatch, shared: SharedRows | None = None
-               ) -> tuple[jax.Array, dict[str, jax.Array]]:
+               batch: Minibatch, shared: SharedRows | None = None,
+               label_slots: int | None = None) -> tuple[jax.Array, dict[str, jax.Array]]:
     """Policy loss + value_coef * value loss + kl_coef * KL - entropy_coef * entropy.
 
-    `shared` (with `config.action_width`): the model runs once per kind of row
-    (`stepcredit.models.sharing.shared_rows`), each row keeping its own terms.
+    With `config.action_width`: `shared`, the model runs once per kind of row
+    (`stepcredit.models.sharing.shared_rows`), each row keeping its own terms;
+    `label_slots`, the most labels a row holds (`score_actions`).
     """
     scores = _row_scores(graphdef, state, batch.tokens, batch.mask, batch.action_mask,
                          config.temperature, choice_markers=config.choice_markers,
-                         width=config.action_width, shared=shared)
+                         width=config.action_width, shared=shared, label_slots=label_slots)
     loss, metrics = policy_loss(config, scores.logprobs, batch.old_logp, batch.advantages,
                                 batch.action_mask, batch.behav_logp)
     metrics = {f"policy/{k}": v for k, v in metrics.items()}
@@ -167,28 +169,32 @@ def total_loss(state: nnx.State, graphdef: nnx.GraphDef, config: LossConfig,
     return loss, metrics
 
 
-@functools.partial(jax.jit, static_argnames=("graphdef", "tx", "config"), donate_argnums=(0, 1))
+@functools.partial(jax.jit, static_argnames=("graphdef", "tx", "config", "label_slots"),
+                   donate_argnums=(0, 1))
 def train_step(state: nnx.State, opt_state: Any, batch: Minibatch, *, graphdef: nnx.GraphDef,
                tx: optax.GradientTransformation, config: LossConfig,
-               shared: SharedRows | None = None):
-    """One optimizer step on a minibatch (`shared`: see `total_loss`); returns
-    (state, opt_state, metrics)."""
-    grads, metrics = jax.grad(total_loss, has_aux=True)(state, graphdef, config, batch, shared)
+               shared: SharedRows | None = None, label_slots: int | None = None):
+    """One optimizer step on a minibatch (`shared`, `label_slots`: see `total_loss`);
+    returns (state, opt_state, metrics)."""
+    grads, metrics = jax.grad(total_loss, has_aux=True)(state, graphdef, config, batch, shared,
+                                                        label_slots)
     metrics["optim/grad_norm"] = optax.tree.norm(grads)
     updates, opt_state = tx.update(grads, opt_state, state)
     return optax.apply_updates(state, updates), opt_state, metrics
 
 
-@functools.partial(jax.jit, static_argnames=("graphdef", "choice_markers", "width"))
+@functools.partial(jax.jit, static_argnames=("graphdef", "choice_markers", "width",
+                                             "label_slots"))
 def score(state: nnx.State, tokens: jax.Array, mask: jax.Array, action_mask: jax.Array,
           temperature: jax.Array, *, graphdef: nnx.GraphDef,
           choice_markers: tuple[int, ...] = (), width: int | None = None,
-          shared: SharedRows | None = None) -> RowScores:
+          shared: SharedRows | None = None, label_slots: int | None = None) -> RowScores:
     """Log-probs, entropies and values of step rows under `state` (no gradient);
     with `width`, log-probs and entropies at the action tokens only (0 elsewhere), the
     model run once per kind of row given `shared` (`score_actions`)."""
     return _row_scores(graphdef, state, tokens, mask, action_mask, temperature,
-                       choice_markers=choice_markers, width=width, shared=shared)
+                       choice_markers=choice_markers, width=width, shared=shared,
+                       label_slots=label_slots)
 
 
 @functools.lru_cache(maxsize=None)

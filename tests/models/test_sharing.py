@@ -9,10 +9,12 @@ from flax import nnx
 
 from stepcredit.models.generate import generate
 from stepcredit.models.sharing import MIN_SHARED_ROWS, shared_prompts, shared_rows
+from stepcredit.models.tokenizer import MAX_CHOICES
 from stepcredit.models.transformer import (
     TransformerConfig,
     TransformerPolicy,
     forward,
+    label_slots,
     pack_rows,
     prompt_values,
     score_actions,
@@ -164,3 +166,26 @@ def test_prompt_values_equal_the_full_forward_pass_at_the_last_column():
         np.testing.assert_allclose(
             np.asarray(prompt_values(GRAPHDEF, STATE, prompts.tokens, prompts.mask, run)),
             np.asarray(values[:, -1]), rtol=1e-5, atol=1e-6)
+
+
+def test_label_slots_cover_the_most_labels_of_a_row():
+    many = [1] + [i for k in range(20) for i in (40, 14 + k, SEP)]
+    rows = pack_rows([PROMPTS[0], PROMPTS[1]], length=70, pad_id=PAD)
+    assert label_slots(rows.tokens, rows.mask, (SEP,)) == 16  # 4 labels, the floor
+    rows = pack_rows([PROMPTS[0], many], length=70, pad_id=PAD)
+    assert label_slots(rows.tokens, rows.mask, (SEP,)) == 32  # 20 labels
+    assert label_slots(rows.tokens, rows.mask, (99,)) == 16  # no labels at all
+
+
+def test_scores_with_tight_label_slots_equal_those_with_every_slot():
+    kinds = [0, 1, 2, 3, 0, 1]
+    rows = _rows(kinds, [[LABELS[k]] for k in kinds])
+    slots = label_slots(rows.tokens, rows.mask, (SEP,))
+    assert slots < MAX_CHOICES
+
+    def scores(label_slots):
+        return score_actions(GRAPHDEF, STATE, rows.tokens, rows.mask, rows.action_mask, 1.0,
+                             width=1, choice_markers=(SEP,), label_slots=label_slots)
+
+    for a, b in zip(scores(None), scores(slots)):
+        np.testing.assert_allclose(np.asarray(b), np.asarray(a), rtol=1e-5, atol=1e-6)
