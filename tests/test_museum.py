@@ -202,7 +202,7 @@ def test_verl_pr_1440_value_mask_stays_aligned_under_dynamic_batching(monkeypatc
         return RowScores(logprobs=zeros, entropies=zeros, values=values)
 
     config = types.SimpleNamespace(
-        estimator_config={}, minibatch_rows=2,
+        estimator_config={}, minibatch_rows=2, share_contexts=True,
         rollout=types.SimpleNamespace(max_prompt_tokens=90, action_length=6),
         loss=types.SimpleNamespace(temperature=1.0, choice_markers=(), action_width=None,
                                    value_coef=0.5))
