@@ -194,7 +194,7 @@ def test_verl_pr_1440_value_mask_stays_aligned_under_dynamic_batching(monkeypatc
     shape = tokens.tokens.shape
 
     def fake_score(params, row_tokens, mask, action_mask, temperature, *, graphdef,
-                   choice_markers, width):
+                   choice_markers, width, shared, label_slots):
         # A critic whose value at an action token is that token's id; garbage elsewhere.
         garbage = 1000.0 + jnp.arange(row_tokens.shape[1], dtype=jnp.float32)
         values = jnp.where(action_mask, row_tokens.astype(jnp.float32), garbage)
