@@ -9,7 +9,9 @@ the action log-probs (what one update minibatch costs) and one-token sampling,
 each against the full-width computation it replaced, and prints the ratios;
 then the pointer's update gradient (the choice format) with every one of the
 `MAX_CHOICES` label slots against the bound `label_slots` gives, on rows listing
-12 and 20 actions.
+12 and 20 actions; then the update gradient and one-token sampling with the
+attention of `stepcredit.models.transformer` (causal blocks, the softmax's
+division after the value product) against one softmax over every column.
 
     python benchmarks/learner_speed.py [--rows 64] [--widths 256 512] [--reps 5]
 """
@@ -24,6 +26,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from stepcredit.models import transformer
 from stepcredit.models.generate import generate
 from stepcredit.models.transformer import (TransformerConfig, TransformerPolicy, label_slots,
                                            score_actions)
@@ -45,6 +48,30 @@ def _full_width_logp(graphdef, state, tokens, mask, column):
     hidden, _ = model.hidden(tokens, mask)
     logits = model.logits(hidden[:, column - 1])
     return jax.nn.log_softmax(logits)[jnp.arange(tokens.shape[0]), tokens[:, column]]
+
+
+def _dense_attention(q, k, v, attn_mask):
+    """The previous attention: one softmax over every key column, heads second in the
+    matmuls (queries `[B, H, L, Dh]` in and out, as `transformer._attention`)."""
+    q, k, v = (x.transpose(0, 2, 1, 3) for x in (q, k, v))
+    scores = jnp.einsum("blhd,bshd->bhls", q, k) / jnp.sqrt(jnp.float32(q.shape[-1]))
+    scores = jnp.where(attn_mask[:, None], scores, jnp.finfo(scores.dtype).min)
+    out = jnp.einsum("bhls,bshd->blhd", jax.nn.softmax(scores, axis=-1), v)
+    return out.transpose(0, 2, 1, 3)
+
+
+def _with_attention(attention, fn):
+    """`fn()` with both of the transformer's attention paths set to `attention`, or left
+    alone for None; caches are cleared so that the functions are traced again."""
+    saved = transformer._attention, transformer._causal_attention
+    if attention is not None:
+        transformer._attention = transformer._causal_attention = attention
+    jax.clear_caches()
+    try:
+        return fn()
+    finally:
+        transformer._attention, transformer._causal_attention = saved
+        jax.clear_caches()
 
 
 SEPARATOR = 5  # the marker after each label of the synthetic lists
@@ -119,6 +146,33 @@ def main() -> None:
                                 _seconds(lambda: tight(state), args.reps))
             print(f"| {width} | {labels} | {t_every:.3f} | {t_tight:.3f} ({slots} slots) "
                   f"| {t_every / t_tight:.2f}x |")
+    print("\nAttention: one softmax over every column (before) and causal blocks of "
+          f"{transformer.ATTENTION_BLOCK} columns with the division after the value product "
+          "(after), on rows whose lengths spread from half the width to all of it")
+    print("| width | update: before | after | ratio | one-token sampling: before | after "
+          "| ratio |")
+    print("|---:|---:|---:|---:|---:|---:|---:|")
+    for width in args.widths:
+        rng = np.random.default_rng(width)
+        tokens = jnp.asarray(rng.integers(16, 2048, (args.rows, width)), jnp.int32)
+        lengths = rng.integers(width // 2, width + 1, args.rows)
+        # Left-padded, as the sampler takes prompts; the update's rows end in one action token.
+        mask = jnp.asarray(np.arange(width) >= width - lengths[:, None])
+        action_mask = jnp.zeros((args.rows, width), bool).at[:, -1].set(True)
+
+        def timings():
+            gradient = jax.jit(jax.grad(lambda s: score_actions(
+                graphdef, s, tokens, mask, action_mask, 1.0, width=1).logprobs.sum()))
+            return (_seconds(lambda: gradient(state), args.reps),
+                    _seconds(lambda: generate(graphdef, state, tokens, mask,
+                                              jax.random.key(0), max_new_tokens=1, eoa_id=-1,
+                                              pad_id=0), args.reps))
+
+        (update_before, sample_before), (update_after, sample_after) = (
+            _with_attention(_dense_attention, timings), _with_attention(None, timings))
+        print(f"| {width} | {update_before:.3f} | {update_after:.3f} "
+              f"| {update_before / update_after:.2f}x | {sample_before:.3f} | {sample_after:.3f} "
+              f"| {sample_before / sample_after:.2f}x |")
 
 
 if __name__ == "__main__":

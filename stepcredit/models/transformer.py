@@ -134,11 +134,55 @@ class _Attention(nnx.Module):
                                              (0, cache_index, 0, 0))
             v = jax.lax.dynamic_update_slice(cache[1], v.astype(cache[1].dtype),
                                              (0, cache_index, 0, 0))
-        scores = jnp.einsum("blhd,bshd->bhls", q, k) / math.sqrt(self.head_dim)
-        scores = jnp.where(attn_mask[:, None], scores, jnp.finfo(scores.dtype).min)
-        weights = jax.nn.softmax(scores, axis=-1)
-        out = jnp.einsum("bhls,bshd->blhd", weights, v).reshape(b, q.shape[1], -1)
-        return self.out(out), (k, v)
+        # Heads first, so that they lead the matmuls' batch dimensions.
+        q, keys, values = (t.transpose(0, 2, 1, 3) for t in (q, k, v))
+        attend = (_causal_attention if cache is None and query_columns is None
+                  else _attention)
+        out = attend(q, keys, values, attn_mask).transpose(0, 2, 1, 3)
+        return self.out(out.reshape(b, q.shape[2], -1)), (k, v)
+
+
+ATTENTION_BLOCK = 64
+"""Query columns per block of `_causal_attention`."""
+
+
+def _attention(q, k, v, attn_mask):
+    """Softmax attention of queries `[B, H, L, Dh]` over keys and values
+    `[B, H, S, Dh]`, where `attn_mask` `[B, L, S]` allows: `[B, H, L, Dh]`.
+
+    softmax(s) v is computed as (exp(s - m) v) / sum exp(s - m) with m the row's
+    largest score: the division then runs on `[.., L, Dh]` instead of the
+    `[.., L, S]` weights. m only keeps exp in range and cancels in the ratio, so
+    no gradient flows through it. A query that may attend to nothing (padding)
+    gets the mean of all values, finite.
+    """
+    scores = jnp.einsum("bhld,bhsd->bhls", q, k) / math.sqrt(q.shape[-1])
+    scores = jnp.where(attn_mask[:, None], scores, jnp.finfo(scores.dtype).min)
+    weights = jnp.exp(scores - jax.lax.stop_gradient(scores.max(axis=-1, keepdims=True)))
+    return jnp.einsum("bhls,bhsd->bhld", weights, v) / weights.sum(axis=-1)[..., None]
+
+
+def _causal_attention(q, k, v, attn_mask):
+    """`_attention` of a row's columns over themselves under a causal `attn_mask`
+    (false above the diagonal), by blocks of `ATTENTION_BLOCK` query columns, each
+    over the keys up to its last column.
+
+    The keys a block skips are masked for all its queries, so a real query's
+    output is `_attention`'s up to float rounding (a padded query, which attends
+    to no real key, may differ). A block's scores are `ATTENTION_BLOCK x` its
+    end instead of `x L`, which halves the `L x L` work and keeps each block's
+    scores small enough to stay in cache. The blocks are a static unrolled loop
+    over columns, since their key lengths differ.
+    """
+    length = q.shape[2]
+    if length <= ATTENTION_BLOCK:
+        return _attention(q, k, v, attn_mask)
+    outs = []
+    for start in range(0, length, ATTENTION_BLOCK):
+        end = min(start + ATTENTION_BLOCK, length)
+        outs.append(_attention(q[:, :, start:end], k[:, :, :end], v[:, :, :end],
+                               attn_mask[:, start:end, :end]))
+    return jnp.concatenate(outs, axis=2)
 
 
 class _Block(nnx.Module):

@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 from flax import nnx
 
+from stepcredit.models import transformer
 from stepcredit.models.transformer import (
     TransformerConfig,
     TransformerPolicy,
@@ -139,6 +140,63 @@ def test_hidden_at_equals_hidden_gathered_at_the_columns(num_layers):
     np.testing.assert_allclose(at_hidden, jnp.take_along_axis(hidden, columns[..., None], 1),
                                atol=1e-5)
     np.testing.assert_allclose(at_values, jnp.take_along_axis(values, columns, 1), atol=1e-5)
+
+
+def _numpy_attention(q, k, v, allowed):
+    """Softmax attention in float64 NumPy: `[B, H, L, Dh]` queries over `[B, H, S, Dh]`."""
+    scores = np.einsum("bhld,bhsd->bhls", q, k) / np.sqrt(q.shape[-1])
+    scores = np.where(allowed[:, None], scores, -np.inf)
+    weights = np.exp(scores - scores.max(-1, keepdims=True))
+    return np.einsum("bhls,bhsd->bhld", weights / weights.sum(-1, keepdims=True), v)
+
+
+@pytest.mark.parametrize("side", ["left", "right"])
+def test_blocked_causal_attention_equals_softmax_attention_on_real_queries(side):
+    # Rows of 150 columns cross two block boundaries and end in a partial block.
+    length, heads = 2 * transformer.ATTENTION_BLOCK + 22, 2
+    lengths = [length, 100, 63, 1]
+    rng = np.random.default_rng(5)
+    q, k, v = (rng.normal(size=(len(lengths), heads, length, 8)).astype(np.float32)
+               for _ in range(3))
+    mask = pack_rows([[1] * n for n in lengths], length=length, pad_id=0, side=side).mask
+    allowed = np.asarray(transformer._causal_mask(mask))
+    real = np.asarray(mask, bool)
+    blocked = transformer._causal_attention(q, k, v, jnp.asarray(allowed))
+    np.testing.assert_allclose(np.asarray(blocked).transpose(0, 2, 1, 3)[real],
+                               _numpy_attention(q, k, v, allowed).transpose(0, 2, 1, 3)[real],
+                               atol=2e-5)
+    assert np.all(np.isfinite(np.asarray(blocked)))
+
+    def dense(q, k, v):  # one softmax over every column, as jax.nn.softmax computes it
+        scores = jnp.einsum("bhld,bhsd->bhls", q, k) / np.sqrt(q.shape[-1])
+        scores = jnp.where(allowed[:, None], scores, jnp.finfo(jnp.float32).min)
+        return jnp.einsum("bhls,bhsd->bhld", jax.nn.softmax(scores, axis=-1), v)
+
+    weights = jnp.asarray(rng.normal(size=blocked.shape), jnp.float32) * real[:, None, :, None]
+    grads = [jax.grad(lambda *qkv: jnp.sum(fn(*qkv) * weights), argnums=(0, 1, 2))(q, k, v)
+             for fn in (lambda *qkv: transformer._causal_attention(*qkv, jnp.asarray(allowed)),
+                        dense)]
+    for blocked_grad, dense_grad in zip(*grads):
+        np.testing.assert_allclose(blocked_grad, dense_grad, atol=2e-5)
+
+
+def test_long_rows_stay_causal_and_padding_free_across_attention_blocks():
+    length = 3 * transformer.ATTENTION_BLOCK
+    rng = np.random.default_rng(6)
+    seqs = [rng.integers(1, V, n) for n in (length, 130, 70)]
+    right = pack_rows(seqs, length=length, pad_id=0, side="right")
+    left = pack_rows(seqs, length=length, pad_id=0, side="left")
+    logits_r, values_r = forward(GRAPHDEF, STATE, right.tokens, right.mask)
+    logits_l, values_l = forward(GRAPHDEF, STATE, left.tokens, left.mask)
+    for b, seq in enumerate(seqs):
+        n = len(seq)
+        np.testing.assert_allclose(logits_l[b, length - n:], logits_r[b, :n], atol=1e-4)
+        np.testing.assert_allclose(values_l[b, length - n:], values_r[b, :n], atol=1e-4)
+    column = transformer.ATTENTION_BLOCK + 10
+    changed = jnp.asarray(right.tokens).at[:, column].set((right.tokens[:, column] + 1) % V)
+    logits_c, _ = forward(GRAPHDEF, STATE, changed, right.mask)
+    np.testing.assert_allclose(logits_c[:, :column], logits_r[:, :column], atol=1e-5)
+    assert float(jnp.max(jnp.abs(logits_c[0, column:] - logits_r[0, column:]))) > 1e-3
 
 
 def _project(layer, h):
