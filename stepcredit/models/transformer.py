@@ -136,8 +136,10 @@ class _Attention(nnx.Module):
                                              (0, cache_index, 0, 0))
         # Heads first, so that they lead the matmuls' batch dimensions.
         q, keys, values = (t.transpose(0, 2, 1, 3) for t in (q, k, v))
-        attend = (_causal_attention if cache is None and query_columns is None
-                  else _attention)
+        # New tokens written from column 0 attend causally among themselves (`decode`'s
+        # contract), so the keys above each block can be skipped.
+        from_start = cache is None or (isinstance(cache_index, int) and cache_index == 0)
+        attend = _causal_attention if from_start and query_columns is None else _attention
         out = attend(q, keys, values, attn_mask).transpose(0, 2, 1, 3)
         return self.out(out.reshape(b, q.shape[2], -1)), (k, v)
 
@@ -347,7 +349,9 @@ class TransformerPolicy(nnx.Module):
             `cache_index .. cache_index + L - 1`.
           positions: `[B, L]` int positions of the new tokens.
           attn_mask: `[B, L, S]` bool: which cache columns each new token attends
-            to (the caller makes it causal and excludes padding).
+            to (the caller makes it causal and excludes padding; with
+            `cache_index` the Python int 0, the keys above each block of new
+            tokens are skipped on that premise).
           cache: the cache from `init_cache` or the previous call.
           cache_index: scalar int, the first cache column written.
 

@@ -70,6 +70,25 @@ def test_generation_logprobs_equal_a_full_forward_pass():
         assert np.all(gen.logprobs[:, 0] < 0) and np.all(gen.entropies[:, 0] > 0)
 
 
+def test_cached_generation_after_prompts_longer_than_an_attention_block():
+    # The prefill attends by blocks of ATTENTION_BLOCK columns; the scorer's rows are wider.
+    rng = np.random.default_rng(7)
+    prompts = [list(rng.integers(3, V, n)) for n in (150, 90, 20)]
+    width = max(map(len, prompts))
+    rows = pack_rows(prompts, length=width, pad_id=PAD, side="left")
+    gen = jax.tree.map(np.asarray, generate(GRAPHDEF, STATE, rows.tokens, rows.mask,
+                                            jax.random.key(5), max_new_tokens=M, eoa_id=EOA,
+                                            pad_id=PAD))
+    actions = [gen.tokens[b, :gen.lengths[b]] for b in range(len(prompts))]
+    scored_rows = pack_rows(prompts, actions, length=width + M, pad_id=PAD, side="right")
+    scores = jax.tree.map(np.asarray, score_rows(GRAPHDEF, STATE, scored_rows.tokens,
+                                                 scored_rows.mask))
+    for b in range(len(prompts)):
+        np.testing.assert_allclose(gen.logprobs[b, :gen.lengths[b]],
+                                   scores.logprobs[b][scored_rows.action_mask[b]],
+                                   rtol=1e-4, atol=1e-5)
+
+
 def test_sampling_depends_on_the_key_only():
     a, b = _generate(jax.random.key(1), 1.0), _generate(jax.random.key(1), 1.0)
     np.testing.assert_array_equal(a.tokens, b.tokens)
