@@ -1,38 +1,48 @@
-"""Environment steps per second of whole training iterations, before and after a lever.
+"""Environment steps per second of whole training iterations, before and after the levers.
 
     python -m benchmarks.iteration_speed [--envs hotpotqa webshop] [--iterations 20]
         [--warmup 5] [--out benchmarks/ITERATION_SPEED.md]
 
 For each environment the README's training command (choice actions, d_model 64,
 8 tasks x 8 rollouts, KL 0.1 to the warm-started policy, its warm start; WebShop
-with history window 0 and 75 warm-start steps on 512 tasks) is built twice:
-with `share_contexts=False` (before: every step row and prompt computed on its
-own) and with `share_contexts=True` (after: rows sharing their context computed
-once, `stepcredit.models.sharing`). Both start from one warm-started state with
-the same keys, and their iterations alternate, so whatever else loads the machine
-falls on both alike. A whole iteration is rollout, scoring, credit and update;
-environment steps are its step rows. Reported per setting: steps per second over
-all iterations (compilation included) and after the first `--warmup`, the median
-seconds of each phase, the mean training success and the greedy test success on
-64 tasks after the last iteration (the learning is the same up to float
-rounding, so these should agree within noise).
+with history window 0 and 75 warm-start steps on 512 tasks) is built once per
+setting, each adding one lever to the one before (`SETTINGS`): "before" runs
+the model as it ran when the levers were not there (`_Before` below: the last
+block at every column, the pointer at all 128 label slots, one softmax over
+every column, every step row and prompt on its own); then the last block at the
+action and label columns only (`TransformerPolicy.hidden_at`), the label slots
+bounded by the batch's rows (`label_slots`), the sharing of contexts
+(`stepcredit.models.sharing`), and "after", the default, which also runs the
+blocked causal attention. Each setting runs in a worker process of its own,
+warm-started by the default path with the same seed (so all start from the same
+state and keys), and their iterations alternate, so whatever else loads the
+machine falls on all alike. A whole iteration is rollout, scoring, credit and
+update; environment steps are its step rows. Reported per setting: steps per
+second over all iterations (compilation included) and after the first `--warmup`, the
+median seconds of each phase, the mean training success and the greedy test
+success on 64 tasks after the last iteration (the learning is the same up to
+float rounding, so these should agree within noise); then each setting's rate
+over the one before and after over before.
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import multiprocessing
 import os
 import platform
 import statistics
 import tempfile
 
 import jax
+import jax.numpy as jnp
 import numpy as np
+from flax import nnx
 
 from benchmarks.sections import write_section
+from stepcredit.models import transformer
 from stepcredit.train.build import make_env, with_fitted_prompt_budget
-from stepcredit.train.state import TrainState
 from stepcredit.train.train_command import add_arguments, config_from_args
 from stepcredit.train.trainer import Trainer
 from stepcredit.train.warm_start import supervised_warm_start
@@ -48,24 +58,99 @@ PHASES = (("rollout s", "time/rollout"), ("scoring s", "time/score"),
 BEGIN, END = "<!-- iteration-speed:begin -->", "<!-- iteration-speed:end -->"
 
 
-def _copy(state: TrainState) -> TrainState:
-    """An independent copy (the update donates its input buffers)."""
-    return TrainState.from_tree(jax.tree.map(lambda x: x.copy() if hasattr(x, "copy") else x,
-                                             state.as_tree()))
+class _DenseAttention(transformer._Attention):
+    """The attention before the blocked one: one softmax over every key column."""
+
+    def __call__(self, x, positions, attn_mask, cache, cache_index, query_columns=None):
+        b, length, _ = x.shape
+        qkv = self.qkv(x).reshape(b, length, 3, self.num_heads, self.head_dim)
+        q = transformer._rope(qkv[:, :, 0], positions, self.rope_base)
+        k = transformer._rope(qkv[:, :, 1], positions, self.rope_base)
+        v = qkv[:, :, 2]
+        if query_columns is not None:
+            q = jnp.take_along_axis(q, query_columns[:, :, None, None], axis=1)
+        if cache is not None:
+            k = jax.lax.dynamic_update_slice(cache[0], k.astype(cache[0].dtype),
+                                             (0, cache_index, 0, 0))
+            v = jax.lax.dynamic_update_slice(cache[1], v.astype(cache[1].dtype),
+                                             (0, cache_index, 0, 0))
+        scores = jnp.einsum("blhd,bshd->bhls", q, k) / np.sqrt(self.head_dim)
+        scores = jnp.where(attn_mask[:, None], scores, jnp.finfo(scores.dtype).min)
+        weights = jax.nn.softmax(scores, axis=-1)
+        out = jnp.einsum("bhls,bshd->blhd", weights, v).reshape(b, q.shape[1], -1)
+        return self.out(out), (k, v)
 
 
-def _trainers(env: str, iterations: int, logdir: str) -> dict[str, Trainer]:
+class _FullWidth(transformer.TransformerPolicy):
+    """`hidden_at` before the pruned last block: every block at every column, then a
+    gather (the pointer's label columns included)."""
+
+    def hidden_at(self, tokens, mask, columns):
+        hidden, values = self.hidden(tokens, mask)
+        return (jnp.take_along_axis(hidden, columns[..., None], axis=1),
+                jnp.take_along_axis(values, columns, axis=1))
+
+
+class _AllSlots(transformer.TransformerPolicy):
+    """The pointer before `label_slots`: the last block at all `MAX_CHOICES` label columns."""
+
+    def choice_logits(self, tokens, mask, columns, marker_ids, slots=None):
+        return super().choice_logits(tokens, mask, columns, marker_ids, None)
+
+
+class _Before(_FullWidth, _AllSlots):
+    """Both of the above."""
+
+
+# Each setting adds one lever: (name, the policy's class, dense attention, share contexts).
+SETTINGS = (("before", _Before, True, False),
+            ("pruned last block", _AllSlots, True, False),
+            ("label slots", transformer.TransformerPolicy, True, False),
+            ("shared contexts", transformer.TransformerPolicy, True, True),
+            ("after", transformer.TransformerPolicy, False, True))
+
+
+def _with_model(trainer: Trainer, policy_class: type, dense_attention: bool) -> None:
+    """Points every part of `trainer` at a graph of `policy_class` (with `_DenseAttention`
+    in its blocks if asked); the parameters are the same, and a graph of its own compiles
+    programs of its own."""
+    model = nnx.merge(trainer.parts.graphdef, trainer.state.policy)
+    model.__class__ = policy_class
+    if dense_attention:
+        for block in model.blocks:
+            block.attn.__class__ = _DenseAttention
+    graphdef, _ = nnx.split(model)
+    trainer.parts = trainer.collector.parts = trainer.learner.parts = trainer.parts._replace(
+        graphdef=graphdef)
+
+
+def _trainer(env: str, setting: str, iterations: int, logdir: str) -> Trainer:
+    """The README's command for `env`, warm-started, then run as `setting` runs it."""
     parser = argparse.ArgumentParser()
     add_arguments(parser)
     args = parser.parse_args(COMMANDS[env] + COMMON + ["--iterations", str(iterations),
                                                        "--logdir", logdir])
     config = with_fitted_prompt_budget(config_from_args(args))
-    after = Trainer(dataclasses.replace(config, share_contexts=True), log=lambda _: None)
-    after.state, _ = supervised_warm_start(after.state, after.parts,
-                                           lambda: make_env(after.config, "train"))
-    before = Trainer(dataclasses.replace(config, share_contexts=False), log=lambda _: None)
-    before.state = _copy(after.state)
-    return {"before": before, "after": after}
+    _, policy_class, dense_attention, share = next(s for s in SETTINGS if s[0] == setting)
+    trainer = Trainer(dataclasses.replace(config, share_contexts=share), log=lambda _: None)
+    # Every setting warm-starts by the default path, so all start from the same state.
+    trainer.state, _ = supervised_warm_start(trainer.state, trainer.parts,
+                                             lambda: make_env(trainer.config, "train"))
+    _with_model(trainer, policy_class, dense_attention)
+    return trainer
+
+
+def _serve(env: str, setting: str, iterations: int, connection) -> None:
+    """A worker process holding one setting's trainer: runs the iteration it is sent,
+    "evaluate", or stops at None. One process per setting, because XLA:CPU maps every
+    compiled kernel into the process, and five settings' programs exceed Linux's default
+    65,530 mappings in one process."""
+    with tempfile.TemporaryDirectory() as logdir:
+        trainer = _trainer(env, setting, iterations, logdir)
+        connection.send("ready")
+        while (command := connection.recv()) is not None:
+            connection.send(trainer.evaluate()["success"] if command == "evaluate"
+                            else trainer.iteration(command))
 
 
 def _summary(history: list[dict], warmup: int) -> dict[str, float]:
@@ -78,23 +163,45 @@ def _summary(history: list[dict], warmup: int) -> dict[str, float]:
     return out
 
 
+def _ask(connections: dict, command) -> dict:
+    """Each worker's answer to `command`, one worker at a time (the others wait idle)."""
+    answers = {}
+    for name, connection in connections.items():
+        connection.send(command)
+        answers[name] = connection.recv()
+    return answers
+
+
 def measure(env: str, iterations: int, warmup: int) -> list[str]:
-    with tempfile.TemporaryDirectory() as logdir:
-        trainers = _trainers(env, iterations, logdir)
-        history = {name: [] for name in trainers}
-        for iteration in range(iterations):
-            for name, trainer in trainers.items():
-                history[name].append(trainer.iteration(iteration))
-        tests = {name: trainer.evaluate()["success"] for name, trainer in trainers.items()}
+    context = multiprocessing.get_context("spawn")
+    connections, workers = {}, []
+    for name, *_ in SETTINGS:
+        ours, theirs = context.Pipe()
+        workers.append(context.Process(target=_serve, args=(env, name, iterations, theirs)))
+        workers[-1].start()
+        connections[name] = ours
+    for connection in connections.values():
+        assert connection.recv() == "ready"
+    history = {name: [] for name in connections}
+    for iteration in range(iterations):
+        for name, metrics in _ask(connections, iteration).items():
+            history[name].append(metrics)
+    tests = _ask(connections, "evaluate")
+    for connection in connections.values():
+        connection.send(None)
+    for worker in workers:
+        worker.join()
     summary = {name: _summary(h, warmup) for name, h in history.items()}
     lines = []
     for name, s in summary.items():
         phases = " | ".join(f"{s[title]:.2f}" for title, _ in PHASES)
         lines.append(f"| {env} | {name} | {phases} | {s['all']:,.0f} | {s['late']:,.0f} "
                      f"| {s['success']:.3f} | {tests[name]:.2f} |")
-    ratio_all = summary["after"]["all"] / summary["before"]["all"]
-    ratio_late = summary["after"]["late"] / summary["before"]["late"]
-    lines.append(f"| {env} | after / before | | | | | {ratio_all:.2f}x | {ratio_late:.2f}x | | |")
+    names = [name for name, *_ in SETTINGS]
+    for late, early in [*zip(names[1:], names[:-1]), ("after", "before")]:
+        ratios = " | ".join(f"{summary[late][key] / summary[early][key]:.2f}x"
+                            for key in ("all", "late"))
+        lines.append(f"| {env} | {late} / {early} | | | | | {ratios} | | |")
     return lines
 
 
@@ -114,10 +221,15 @@ def main(argv: list[str] | None = None) -> None:
     rows = [header, "|---|---|" + "---:|" * (len(PHASES) + 4)]
     for env in args.envs:
         rows += measure(env, args.iterations, args.warmup)
-        print("\n".join(rows[-3:]), flush=True)
+        print("\n".join(rows[-2 * len(SETTINGS):]), flush=True)
     load = os.getloadavg()[0]
     section = "\n".join([
-        BEGIN, "## Training iterations: shared contexts off (before) and on (after)", "",
+        BEGIN, "## Training iterations before and after the levers", "",
+        "Each setting adds one lever to the row above it: before (the last block at every "
+        "column, all 128 label slots, one softmax over every column, every row on its own), "
+        "the last block at the action and label columns only, label slots bounded by the "
+        "batch, rows sharing their context computed once, and after (the default: also the "
+        "blocked causal attention).", "",
         f"`python -m benchmarks.iteration_speed --iterations {args.iterations} "
         f"--warmup {args.warmup}` on {platform.machine()}, {os.cpu_count()} cores, jax "
         f"{jax.__version__} on {jax.devices()[0].platform}; 1-minute load average at the end "
