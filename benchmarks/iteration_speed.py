@@ -59,26 +59,15 @@ BEGIN, END = "<!-- iteration-speed:begin -->", "<!-- iteration-speed:end -->"
 
 
 class _DenseAttention(transformer._Attention):
-    """The attention before the blocked one: one softmax over every key column."""
+    """The attention before the blocked one: one softmax over every key column, heads
+    second in the matmuls."""
 
-    def __call__(self, x, positions, attn_mask, cache, cache_index, query_columns=None):
-        b, length, _ = x.shape
-        qkv = self.qkv(x).reshape(b, length, 3, self.num_heads, self.head_dim)
-        q = transformer._rope(qkv[:, :, 0], positions, self.rope_base)
-        k = transformer._rope(qkv[:, :, 1], positions, self.rope_base)
-        v = qkv[:, :, 2]
-        if query_columns is not None:
-            q = jnp.take_along_axis(q, query_columns[:, :, None, None], axis=1)
-        if cache is not None:
-            k = jax.lax.dynamic_update_slice(cache[0], k.astype(cache[0].dtype),
-                                             (0, cache_index, 0, 0))
-            v = jax.lax.dynamic_update_slice(cache[1], v.astype(cache[1].dtype),
-                                             (0, cache_index, 0, 0))
-        scores = jnp.einsum("blhd,bshd->bhls", q, k) / np.sqrt(self.head_dim)
+    def attend(self, q, k, v, attn_mask, *, causal: bool):
+        q, k, v = (t.transpose(0, 2, 1, 3) for t in (q, k, v))
+        scores = jnp.einsum("blhd,bshd->bhls", q, k) / np.sqrt(q.shape[-1])
         scores = jnp.where(attn_mask[:, None], scores, jnp.finfo(scores.dtype).min)
-        weights = jax.nn.softmax(scores, axis=-1)
-        out = jnp.einsum("bhls,bshd->blhd", weights, v).reshape(b, q.shape[1], -1)
-        return self.out(out), (k, v)
+        out = jnp.einsum("bhls,bshd->blhd", jax.nn.softmax(scores, axis=-1), v)
+        return out.transpose(0, 2, 1, 3)
 
 
 class _FullWidth(transformer.TransformerPolicy):

@@ -139,9 +139,15 @@ class _Attention(nnx.Module):
         # New tokens written from column 0 attend causally among themselves (`decode`'s
         # contract), so the keys above each block can be skipped.
         from_start = cache is None or (isinstance(cache_index, int) and cache_index == 0)
-        attend = _causal_attention if from_start and query_columns is None else _attention
-        out = attend(q, keys, values, attn_mask).transpose(0, 2, 1, 3)
+        out = self.attend(q, keys, values, attn_mask,
+                          causal=from_start and query_columns is None).transpose(0, 2, 1, 3)
         return self.out(out.reshape(b, q.shape[2], -1)), (k, v)
+
+    def attend(self, q, k, v, attn_mask, *, causal: bool):
+        """Queries `[B, H, L, Dh]` over keys and values `[B, H, S, Dh]` where `attn_mask`
+        `[B, L, S]` allows; `causal`: the queries are the first L key columns under a
+        causal mask (`_causal_attention`), else `_attention`."""
+        return (_causal_attention if causal else _attention)(q, k, v, attn_mask)
 
 
 ATTENTION_BLOCK = 128
