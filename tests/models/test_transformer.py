@@ -152,7 +152,7 @@ def _numpy_attention(q, k, v, allowed):
 
 @pytest.mark.parametrize("side", ["left", "right"])
 def test_blocked_causal_attention_equals_softmax_attention_on_real_queries(side):
-    # Rows of 150 columns cross two block boundaries and end in a partial block.
+    # Rows of two blocks and 22 columns cross two block boundaries and end in a partial block.
     length, heads = 2 * transformer.ATTENTION_BLOCK + 22, 2
     lengths = [length, 100, 63, 1]
     rng = np.random.default_rng(5)
