@@ -12,9 +12,10 @@ block at every column, the pointer at all 128 label slots, one softmax over
 every column, every step row and prompt on its own); then the last block at the
 action and label columns only (`TransformerPolicy.hidden_at`), the label slots
 bounded by the batch's rows (`label_slots`), the sharing of contexts
-(`stepcredit.models.sharing`), and "after", the default, which also runs the
-blocked causal attention. Each setting runs in a worker process of its own,
-warm-started by the default path with the same seed (so all start from the same
+(`stepcredit.models.sharing`), the blocked causal attention, and "after", the
+default, which also rounds step rows up to 64 columns rather than 32
+(`ROW_WIDTH_QUANTUM`: fewer shapes to compile). Each setting runs in a worker
+process of its own, warm-started by the default path with the same seed (so all start from the same
 state and keys), and their iterations alternate, so whatever else loads the
 machine falls on all alike. A whole iteration is rollout, scoring, credit and
 update; environment steps are its step rows. Reported per setting: steps per
@@ -42,6 +43,7 @@ from flax import nnx
 
 from benchmarks.sections import write_section
 from stepcredit.models import transformer
+from stepcredit.train import rows as step_rows
 from stepcredit.train.build import make_env, with_fitted_prompt_budget
 from stepcredit.train.train_command import add_arguments, config_from_args
 from stepcredit.train.trainer import Trainer
@@ -91,12 +93,14 @@ class _Before(_FullWidth, _AllSlots):
     """Both of the above."""
 
 
-# Each setting adds one lever: (name, the policy's class, dense attention, share contexts).
-SETTINGS = (("before", _Before, True, False),
-            ("pruned last block", _AllSlots, True, False),
-            ("label slots", transformer.TransformerPolicy, True, False),
-            ("shared contexts", transformer.TransformerPolicy, True, True),
-            ("after", transformer.TransformerPolicy, False, True))
+# Each setting adds one lever: (name, the policy's class, dense attention, share contexts,
+# the step rows' width quantum).
+SETTINGS = (("before", _Before, True, False, 32),
+            ("pruned last block", _AllSlots, True, False, 32),
+            ("label slots", transformer.TransformerPolicy, True, False, 32),
+            ("shared contexts", transformer.TransformerPolicy, True, True, 32),
+            ("blocked attention", transformer.TransformerPolicy, False, True, 32),
+            ("after", transformer.TransformerPolicy, False, True, step_rows.ROW_WIDTH_QUANTUM))
 
 
 def _with_model(trainer: Trainer, policy_class: type, dense_attention: bool) -> None:
@@ -120,12 +124,13 @@ def _trainer(env: str, setting: str, iterations: int, logdir: str) -> Trainer:
     args = parser.parse_args(COMMANDS[env] + COMMON + ["--iterations", str(iterations),
                                                        "--logdir", logdir])
     config = with_fitted_prompt_budget(config_from_args(args))
-    _, policy_class, dense_attention, share = next(s for s in SETTINGS if s[0] == setting)
+    _, policy_class, dense_attention, share, quantum = next(s for s in SETTINGS if s[0] == setting)
     trainer = Trainer(dataclasses.replace(config, share_contexts=share), log=lambda _: None)
     # Every setting warm-starts by the default path, so all start from the same state.
     trainer.state, _ = supervised_warm_start(trainer.state, trainer.parts,
                                              lambda: make_env(trainer.config, "train"))
     _with_model(trainer, policy_class, dense_attention)
+    step_rows.ROW_WIDTH_QUANTUM = quantum  # this setting's process alone
     return trainer
 
 
@@ -217,8 +222,9 @@ def main(argv: list[str] | None = None) -> None:
         "Each setting adds one lever to the row above it: before (the last block at every "
         "column, all 128 label slots, one softmax over every column, every row on its own), "
         "the last block at the action and label columns only, label slots bounded by the "
-        "batch, rows sharing their context computed once, and after (the default: also the "
-        "blocked causal attention).", "",
+        "batch, rows sharing their context computed once, the blocked causal attention, and "
+        "after (the default: also step rows rounded up to 64 columns rather than 32, so fewer "
+        "shapes compile).", "",
         f"`python -m benchmarks.iteration_speed --iterations {args.iterations} "
         f"--warmup {args.warmup}` on {platform.machine()}, {os.cpu_count()} cores, jax "
         f"{jax.__version__} on {jax.devices()[0].platform}; 1-minute load average at the end "

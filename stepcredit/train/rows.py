@@ -50,8 +50,13 @@ class RowIndex(NamedTuple):
     n: np.ndarray
 
 
-ROW_WIDTH_QUANTUM = 32
-"""Row widths are rounded up to a multiple of this, bounding the compiled shapes."""
+ROW_WIDTH_QUANTUM = 64
+"""Row widths are rounded up to a multiple of this, bounding the compiled shapes.
+
+Every new (width, shared rows, label slots) shape compiles the update step anew,
+about 6.5 s on a 2-core CPU at d_model 64, against about 0.05 s to run it. On 40
+iterations of the README's HotpotQA command, 64 rather than 32 took 11 update
+shapes instead of 16 for 7% more padded columns."""
 
 
 def _row_width(longest: int, limit: int) -> int:

@@ -4,7 +4,8 @@ import numpy as np
 import pytest
 
 from stepcredit import StepRecord, Trajectory, collate
-from stepcredit.train.rows import build_rows, length_groups, rows_from_tokens, tokens_from_rows
+from stepcredit.train.rows import (ROW_WIDTH_QUANTUM, build_rows, length_groups, rows_from_tokens,
+                                   tokens_from_rows)
 
 
 def trajectories():
@@ -43,16 +44,16 @@ def test_missing_prompt_ids_and_overlong_rows_are_named():
 
 
 def test_length_groups_partition_rows_into_chunks_cut_to_their_longest_row():
-    lengths = np.array([300, 5, 40, 0, 33, 200, 64, 31])
+    lengths = np.array([300, 5, 40, 0, 65, 200, 64, 31])
     fixed = length_groups(lengths, 2, limit=320)
-    # Sorted by length: (0, 5), (31, 33), (40, 64), (200, 300); widths rounded up to 32.
-    assert [sorted(lengths[c].tolist()) for c, _ in fixed] == [[0, 5], [31, 33], [40, 64],
+    # Sorted by length: (0, 5), (31, 40), (64, 65), (200, 300); widths rounded up to 64.
+    assert [sorted(lengths[c].tolist()) for c, _ in fixed] == [[0, 5], [31, 40], [64, 65],
                                                                 [200, 300]]
-    assert [w for _, w in fixed] == [32, 64, 64, 320]
+    assert [w for _, w in fixed] == [64, 64, 128, 320]
     shuffled = length_groups(lengths, 2, limit=320, rng=np.random.default_rng(0))
     np.testing.assert_array_equal(np.sort(np.concatenate([c for c, _ in shuffled])), np.arange(8))
     for chunk, width in shuffled:
-        assert lengths[chunk].max() <= width <= 320 and width % 32 == 0
+        assert lengths[chunk].max() <= width <= 320 and width % ROW_WIDTH_QUANTUM == 0
     assert length_groups(lengths, 4, limit=256)[-1][1] == 256  # never wider than the rows
     with pytest.raises(ValueError, match="not a multiple of size 3"):
         length_groups(lengths, 3, limit=320)

@@ -25,6 +25,7 @@ from stepcredit.train import update as learner
 from stepcredit.train.config import TrainConfig
 from stepcredit.train.evaluate import evaluate
 from stepcredit.train.metrics import read_metrics
+from stepcredit.train import rows as step_rows
 from stepcredit.train.rows import build_rows, length_groups
 from stepcredit.train.build import build_tokenizer, make_env, model_config
 from stepcredit.train.trainer import Trainer
@@ -239,7 +240,10 @@ def test_expert_warm_start_lowers_the_supervised_loss(tmp_path):
     assert metrics["warm_start/demonstration_rows"] == rows.valid.sum()
 
 
-def test_scoring_in_length_groups_equals_scoring_full_width_rows(tmp_path):
+def test_scoring_in_length_groups_equals_scoring_full_width_rows(tmp_path, monkeypatch):
+    # This task's rows (86 to 121 tokens) fall in one width at the default quantum; any
+    # quantum must give the same scores.
+    monkeypatch.setattr(step_rows, "ROW_WIDTH_QUANTUM", 32)
     config = TrainConfig(env="hotpotqa", iterations=1, tasks_per_iteration=2, group_size=2,
                          max_steps=3, d_model=32, num_layers=1, minibatch_rows=4, epochs=1,
                          rollout=RolloutConfig(max_prompt_tokens=320, max_action_tokens=6),
