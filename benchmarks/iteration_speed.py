@@ -35,6 +35,7 @@ import os
 import platform
 import statistics
 import tempfile
+import time
 
 import jax
 import jax.numpy as jnp
@@ -57,7 +58,6 @@ COMMANDS = {"hotpotqa": ["--env", "hotpotqa", "--warm-start-steps", "36"],
                         "--warm-start-tasks", "512"]}
 PHASES = (("rollout s", "time/rollout"), ("scoring s", "time/score"),
           ("update s", "time/update"), ("iteration s", "time/iteration"))
-BEGIN, END = "<!-- iteration-speed:begin -->", "<!-- iteration-speed:end -->"
 
 
 class _DenseAttention(transformer._Attention):
@@ -212,26 +212,27 @@ def main(argv: list[str] | None = None) -> None:
     header = ("| env | setting | " + " | ".join(f"{title} (median)" for title, _ in PHASES)
               + " | env steps/s, all | env steps/s, after warm-up | training success "
               "| test success |")
-    rows = [header, "|---|---|" + "---:|" * (len(PHASES) + 4)]
     for env in args.envs:
-        rows += measure(env, args.iterations, args.warmup)
-        print("\n".join(rows[-2 * len(SETTINGS):]), flush=True)
-    load = os.getloadavg()[0]
-    section = "\n".join([
-        BEGIN, "## Training iterations before and after the levers", "",
-        "Each setting adds one lever to the row above it: before (the last block at every "
-        "column, all 128 label slots, one softmax over every column, every row on its own), "
-        "the last block at the action and label columns only, label slots bounded by the "
-        "batch, rows sharing their context computed once, the blocked causal attention, and "
-        "after (the default: also step rows rounded up to 64 columns rather than 32, so fewer "
-        "shapes compile).", "",
-        f"`python -m benchmarks.iteration_speed --iterations {args.iterations} "
-        f"--warmup {args.warmup}` on {platform.machine()}, {os.cpu_count()} cores, jax "
-        f"{jax.__version__} on {jax.devices()[0].platform}; 1-minute load average at the end "
-        f"{load:.1f}. Medians over the iterations after the first {args.warmup}; "
-        "\"all\" includes them (and their compilation).", "", *rows, END])
-    write_section(args.out, section, BEGIN, END, "Training iteration speed")
-    print(f"wrote {args.out}")
+        rows = [header, "|---|---|" + "---:|" * (len(PHASES) + 4), *measure(env, args.iterations,
+                                                                          args.warmup)]
+        print("\n".join(rows), flush=True)
+        begin, end = _markers(env)
+        section = "\n".join([
+            begin, f"## {env}: training iterations before and after the levers", "",
+            f"`python -m benchmarks.iteration_speed --envs {env} --iterations {args.iterations} "
+            f"--warmup {args.warmup}` on {time.strftime('%Y-%m-%d')}, {platform.machine()}, "
+            f"{os.cpu_count()} cores, jax {jax.__version__} on {jax.devices()[0].platform}; "
+            f"1-minute load average at the end {os.getloadavg()[0]:.1f}. Medians over the "
+            f"iterations after the first {args.warmup}; \"all\" includes them (and their "
+            "compilation).", "", *rows, end])
+        write_section(args.out, section, begin, end, "Training iteration speed")
+        print(f"wrote {env}'s section of {args.out}")
+
+
+def _markers(env: str) -> tuple[str, str]:
+    """The markers of `env`'s section: a run replaces only the sections of the environments
+    it measured."""
+    return f"<!-- iteration-speed:{env}:begin -->", f"<!-- iteration-speed:{env}:end -->"
 
 
 if __name__ == "__main__":
