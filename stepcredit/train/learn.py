@@ -25,7 +25,7 @@ from stepcredit import advantages as adv
 from stepcredit.batch import Trajectory, collate
 from stepcredit.credit import compiled_compute_advantages
 from stepcredit.models.sharing import SharedRows, shared_rows
-from stepcredit.models.transformer import label_slots, score_actions
+from stepcredit.models.transformer import label_slots
 from stepcredit.train import information_gain, progress, update, vine
 from stepcredit.train.build import Parts, make_env
 from stepcredit.train.curriculum import learning_rate_at
@@ -107,17 +107,32 @@ class Learner:
         markers = self.config.loss.choice_markers
         return label_slots(tokens, mask, markers) if markers else None
 
-    def _prm_logprobs(self, prm, rows: StepRowBatch, shared: SharedRows | None):
+    def _weighted_gradient(self, params, rows: StepRowBatch, weights: np.ndarray):
+        """The gradient in `params` of sum(weights * log-probs) over `rows`' action tokens,
+        accumulated over the scoring's chunks (`update.weighted_logprob_gradient`)."""
         loss = self.config.loss
-        return score_actions(self.parts.graphdef, prm, rows.tokens, rows.mask, rows.action_mask,
-                             loss.temperature, width=loss.action_width,
-                             choice_markers=loss.choice_markers, shared=shared,
-                             label_slots=self._label_slots(rows.tokens, rows.mask)).logprobs
+        grads = jax.tree.map(jnp.zeros_like, params)
+        for chunk, columns in length_groups(rows.mask.sum(1), self.config.minibatch_rows,
+                                            limit=rows.tokens.shape[1]):
+            tokens, mask, action_mask = (x[chunk, :columns]
+                                         for x in (rows.tokens, rows.mask, rows.action_mask))
+            chunk_grads = update.weighted_logprob_gradient(
+                params, tokens, mask, action_mask, weights[chunk, :columns],
+                jnp.float32(loss.temperature), graphdef=self.parts.graphdef,
+                choice_markers=loss.choice_markers, width=loss.action_width,
+                shared=self._shared(tokens, mask, action_mask),
+                label_slots=self._label_slots(tokens, mask))
+            grads = jax.tree.map(jnp.add, grads, chunk_grads)
+        return grads
 
     def update_prm(self, state: TrainState, rows: StepRowBatch, index: RowIndex, tokens, steps,
                    shape, ref_logp: jax.Array) -> tuple[TrainState, jax.Array, dict[str, float]]:
         """One preference-loss step on the implicit PRM (iStar), against pi_old's `[B, N]`
         token log-probs `ref_logp`.
+
+        The loss's gradient in the PRM's token log-probs is taken on the whole batch, then
+        carried into the parameters a chunk of rows at a time (`_weighted_gradient`): the
+        same gradient as one pass over the batch, in the memory of one chunk.
 
         Returns the new state, the PRM's `[B, N]` token log-probs in the token
         view (after the step, the paper's order, or before it with
@@ -126,18 +141,17 @@ class Learner:
         success = np.asarray(steps.score) > 0
         num_groups = int(np.max(steps.group_id)) + 1
         beta = self.estimator_config["beta"]  # the same beta scales the implicit rewards
-        shared = self._shared(rows.tokens, rows.mask, rows.action_mask)
 
-        def loss_fn(prm):
-            prm_view = tokens_from_rows(self._prm_logprobs(prm, rows, shared), index,
-                                        rows.action_mask, shape)
+        def loss_fn(prm_view):
             return adv.trajectory_preference_loss(
                 prm_view, ref_logp, tokens.action_mask, tokens.step_index, success,
                 steps.group_id, beta=beta, num_groups=num_groups)
 
         before = tokens_from_rows(self.score(state.prm, rows).logprobs, index, rows.action_mask,
                                   shape)
-        (loss, metrics), grads = jax.value_and_grad(loss_fn, has_aux=True)(state.prm)
+        (loss, metrics), upstream = jax.value_and_grad(loss_fn, has_aux=True)(before)
+        weights = np.asarray(rows_from_tokens(upstream, index, rows.action_mask))
+        grads = self._weighted_gradient(state.prm, rows, weights)
         if self.multiprocess:
             grads = mean_over_processes(grads)
         updates, prm_opt = self.parts.prm_tx.update(grads, state.prm_opt, state.prm)

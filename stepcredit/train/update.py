@@ -197,6 +197,29 @@ def score(state: nnx.State, tokens: jax.Array, mask: jax.Array, action_mask: jax
                        label_slots=label_slots)
 
 
+@functools.partial(jax.jit, static_argnames=("graphdef", "choice_markers", "width",
+                                             "label_slots"))
+def weighted_logprob_gradient(state: nnx.State, tokens: jax.Array, mask: jax.Array,
+                              action_mask: jax.Array, weights: jax.Array, temperature: jax.Array,
+                              *, graphdef: nnx.GraphDef, choice_markers: tuple[int, ...] = (),
+                              width: int | None = None, shared: SharedRows | None = None,
+                              label_slots: int | None = None) -> nnx.State:
+    """The gradient in `state` of sum_{r, l} w_{r, l} log pi(y_{r, l}) over the `[R, L]`
+    rows' action tokens (weights `[R, L]`, 0 elsewhere), scored as `score` scores them.
+
+    With w the gradient of a loss in the rows' log-probs, this is the loss's gradient
+    (the chain rule), so a loss over the whole batch (iStar's preference loss ties a
+    group's trajectories together) is differentiated a chunk of rows at a time and the
+    chunks' gradients summed, exactly, without the whole batch's activations at once."""
+    def weighted(state):
+        logp = _row_scores(graphdef, state, tokens, mask, action_mask, temperature,
+                           choice_markers=choice_markers, width=width, shared=shared,
+                           label_slots=label_slots).logprobs
+        return jnp.sum(jnp.where(action_mask, weights * logp, 0.0))
+
+    return jax.grad(weighted)(state)
+
+
 @functools.lru_cache(maxsize=None)
 def make_optimizer(*, learning_rate: float, weight_decay: float,
                    grad_clip: float) -> optax.GradientTransformation:

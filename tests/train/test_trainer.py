@@ -266,6 +266,41 @@ def test_scoring_in_length_groups_equals_scoring_full_width_rows(tmp_path, monke
                                    atol=1e-5, err_msg=name)
 
 
+def test_prm_gradient_by_chunks_equals_the_whole_batch_gradient(tmp_path, monkeypatch):
+    # iStar's preference loss ties a group's rows together; its gradient is carried into the
+    # PRM a chunk of rows at a time, and must equal one pass over the whole batch.
+    monkeypatch.setattr(step_rows, "ROW_WIDTH_QUANTUM", 32)
+    config = TrainConfig(env="hotpotqa", estimator="rloo+istar", iterations=1,
+                         tasks_per_iteration=2, group_size=2, max_steps=3, d_model=32,
+                         num_layers=1, minibatch_rows=4, epochs=1,
+                         rollout=RolloutConfig(max_prompt_tokens=320, max_action_tokens=6),
+                         logdir=str(tmp_path))
+    trainer = Trainer(config, log=lambda _: None)
+    rollout = trainer.collector.rollout(trainer.state.policy, trainer.collector.tasks(0),
+                                        jax.random.key(1), 3)
+    rows, _ = build_rows(rollout.trajectories, num_steps=3, row_length=trainer.learner.row_length,
+                         pad_id=trainer.tokenizer.special.pad, multiple=4)
+    assert len(length_groups(rows.mask.sum(1), 4, limit=rows.tokens.shape[1])) > 1
+    weights = np.where(rows.action_mask,
+                       np.random.default_rng(0).normal(size=rows.action_mask.shape), 0.0
+                       ).astype(np.float32)
+    chunked = trainer.learner._weighted_gradient(trainer.state.prm, rows, weights)
+    loss = trainer.config.loss
+
+    def whole(prm):
+        logp = learner.score(prm, rows.tokens, rows.mask, rows.action_mask, np.float32(1.0),
+                             graphdef=trainer.graphdef, choice_markers=loss.choice_markers,
+                             width=loss.action_width).logprobs
+        return jax.numpy.sum(weights * logp)
+
+    expected = jax.grad(whole)(trainer.state.prm)
+    assert max(float(np.abs(g).max()) for g in jax.tree.leaves(expected)) > 1e-3
+    for got, want in zip(jax.tree.leaves(chunked), jax.tree.leaves(expected)):
+        # Summed in another order: equal up to float rounding at the leaf's own scale.
+        np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-4,
+                                   atol=1e-4 * float(np.abs(want).max()))
+
+
 @pytest.mark.parametrize("estimator", ["step_gae", "token_gae"])
 def test_steppo_trains_the_critic_only_at_each_step_start(tmp_path, estimator):
     config = TrainConfig(env="hotpotqa", estimator=estimator, iterations=1, tasks_per_iteration=2,
