@@ -14,8 +14,9 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from stepcredit.advantages import _checks
+from stepcredit.advantages import _checks, native
 from stepcredit.advantages.group import SINGLETONS, _check_eps, _check_option, _dense_ids
+from stepcredit.advantages.recurrence import reverse_linear_recurrence
 
 ALIGNS = ("position", "action")
 
@@ -53,6 +54,32 @@ def _score_energy(action_mask, ref_logp, sum_pi_squared):
     else:
         w = 1.0 - 2.0 * pi + jnp.where(action_mask, sum_pi_squared, 0.0)
     return jnp.where(action_mask, w, 0.0)
+
+
+def _running_sum(x: jax.Array) -> jax.Array:
+    """W: the running sum of `[B, N]` x along each row, in token order.
+
+    XLA:CPU lowers `cumsum` to a windowed reduction, several times slower than one
+    pass over the rows; on CPU, for float32, the compiled recurrence
+    y_n = x_n + 1 * y_{n+1} (`reverse_linear_recurrence`) runs over the reversed rows
+    instead: one pass, each row summed in token order, as the reference loop sums.
+    Elsewhere, for other dtypes and where the kernel is not built, `cumsum`.
+    """
+    def cumsum(x):
+        return jnp.cumsum(x, axis=1)
+
+    if x.size == 0:
+        return cumsum(x)
+
+    def on_cpu(x):
+        if x.dtype != jnp.float32 or native.build_error():
+            return cumsum(x)
+        reversed_rows = x[:, ::-1]
+        return reverse_linear_recurrence(reversed_rows, jnp.ones_like(reversed_rows),
+                                         jnp.zeros(x.shape[:1], x.dtype))[:, ::-1]
+
+    # The platform is known only at lowering, so the choice is made there.
+    return jax.lax.platform_dependent(x, cpu=on_cpu, default=cumsum)
 
 
 def optimal_token_baseline(scores, group_ids, action_mask, ref_logp=None, *,
@@ -155,22 +182,30 @@ def optimal_token_baseline(scores, group_ids, action_mask, ref_logp=None, *,
     dtype = scores.dtype
     mask = action_mask.astype(dtype)
     returns = scores[:, None] * mask
-    energy = jnp.cumsum(_score_energy(action_mask, ref_logp, sum_pi_squared).astype(dtype) * mask,
-                        axis=1)
-    ranks = jnp.cumsum(action_mask.astype(jnp.int32), axis=1) - 1
-    index = jnp.broadcast_to(jnp.arange(num_tokens), action_mask.shape) if align == "position" \
-        else jnp.maximum(ranks, 0)
-    segments = (dense.ids[:, None] * num_tokens + index).reshape(-1)
-    num_segments = dense.num_groups * max(num_tokens, 1)
+    energy = _running_sum(_score_energy(action_mask, ref_logp, sum_pi_squared).astype(dtype) * mask)
     weights = energy * mask
-    numerator = jax.ops.segment_sum((weights * returns).reshape(-1), segments, num_segments)
-    denominator = jax.ops.segment_sum(weights.reshape(-1), segments, num_segments) + eps
-    baseline = (numerator / denominator)[segments].reshape(action_mask.shape)
+    if align == "position":
+        index = jnp.broadcast_to(jnp.arange(num_tokens), action_mask.shape)
+        # The segment of token (i, n) is (g(i), n): summing whole rows per group gives every
+        # column's sums at once, and XLA scatters one row per trajectory instead of one
+        # element per token (the same additions in the same order).
+        numerator = jax.ops.segment_sum(weights * returns, dense.ids, dense.num_groups)
+        denominator = jax.ops.segment_sum(weights, dense.ids, dense.num_groups) + eps
+        baseline = (numerator / denominator)[dense.ids]
+    else:
+        index = jnp.maximum(jnp.cumsum(action_mask.astype(jnp.int32), axis=1) - 1, 0)
+        segments = (dense.ids[:, None] * num_tokens + index).reshape(-1)
+        num_segments = dense.num_groups * max(num_tokens, 1)
+        numerator = jax.ops.segment_sum((weights * returns).reshape(-1), segments, num_segments)
+        denominator = jax.ops.segment_sum(weights.reshape(-1), segments, num_segments) + eps
+        baseline = (numerator / denominator)[segments].reshape(action_mask.shape)
 
-    lengths = jnp.sum(action_mask, axis=1).astype(jnp.int32)
-    members = lengths > 0
+    # `any`, not a count of the tokens: XLA:CPU reduces the bool mask as it is, where a sum
+    # first writes it out as int32.
+    members = jnp.any(action_mask, axis=1)
     count = jax.ops.segment_sum(members.astype(jnp.int32), dense.ids, dense.num_groups)[dense.ids]
     if handle_zero_tail:
+        lengths = jnp.sum(action_mask, axis=1).astype(jnp.int32)
         longest = jax.ops.segment_max(jnp.where(members, lengths, -1), dense.ids,
                                       dense.num_groups)[dense.ids]
         at_longest = jax.ops.segment_sum((members & (lengths == longest)).astype(jnp.int32),
