@@ -7,9 +7,11 @@ members), and depth 0 is every step of the episode group. Each depth gives a
 group-normalised step advantage; they are mixed with weights that favour
 deeper groups among those with at least two members. The history keys are
 built inside the function from `anchors`: depth d's key is the dense id of
-the pair (depth d-1's key, the anchor d-1 steps back), by the same
-lexicographic sort as GiGPO's step groups, so keys never collide and shapes
-stay static.
+the pair (depth d-1's key, the anchor d-1 steps back), by the same dense
+pair ids as GiGPO's step groups, so keys never collide and shapes stay static.
+A step whose group is a singleton at depth d has singleton groups at every
+deeper depth, so from then on it shares one dummy key and is left out of the
+statistics: the deeper levels pay only for steps that can still have company.
 """
 
 from __future__ import annotations
@@ -35,6 +37,24 @@ def _check_depths(fn: str, max_depth, min_depth, alpha) -> None:
         raise ValueError(f"{fn}: alpha={float(alpha)}; it must be finite")
 
 
+def _deepen(key: jax.Array, anchors: jax.Array, lag: int, active: jax.Array | None) -> jax.Array:
+    """Flat depth lag + 1 keys from flat depth-lag `key`: its pair with the anchor `lag` steps back.
+
+    One pair-id call per depth: a step with no anchor `lag` steps back (its row
+    starts later) pairs -2 - key, which never meets a key of a step that has one
+    (pair ids are >= 0); with `active` given, every inactive step pairs -1, so
+    that they all share one key while the keys of active steps stay exact.
+    """
+    steps = anchors.shape[1]
+    shifted = jnp.pad(anchors, ((0, 0), (lag, 0)))[:, :steps].reshape(-1)
+    exists = jnp.broadcast_to(jnp.arange(steps)[None, :] >= lag, anchors.shape).reshape(-1)
+    first = jnp.where(exists, key, -2 - key)
+    second = jnp.where(exists, shifted, 0)
+    if active is not None:
+        first, second = jnp.where(active, first, -1), jnp.where(active, second, 0)
+    return _pair_ids(first, second)
+
+
 def history_keys(episode_ids, anchors, depth: int) -> jax.Array:
     """`[B, T]` dense ids of (episode group, the last `depth` anchors of each step's row).
 
@@ -43,16 +63,12 @@ def history_keys(episode_ids, anchors, depth: int) -> jax.Array:
     at them (or both start within them, agreeing on the rest). Depth 0 gives the
     episode ids.
     """
-    batch, steps = anchors.shape
-    key = jnp.broadcast_to(episode_ids[:, None], anchors.shape).astype(jnp.int32)
-    positions = jnp.arange(steps)[None, :]
+    anchors = anchors.astype(jnp.int32)
+    key = jnp.broadcast_to(episode_ids[:, None], anchors.shape).astype(jnp.int32).reshape(-1)
     for lag in range(depth):
-        shifted = jnp.pad(anchors, ((0, 0), (lag, 0)))[:, :steps].astype(jnp.int32)
-        exists = jnp.broadcast_to(positions >= lag, anchors.shape)
-        state = _pair_ids(exists.astype(jnp.int32).reshape(-1),
-                          jnp.where(exists, shifted, 0).reshape(-1))
-        key = _pair_ids(key.reshape(-1), state).reshape(batch, steps)
-    return key
+        # At lag 0 every step has its anchor, and episode ids may be negative: no marks.
+        key = _deepen(key, anchors, lag, None) if lag else _pair_ids(key, anchors.reshape(-1))
+    return key.reshape(anchors.shape)
 
 
 def hgpo(step_rewards, anchors, group_ids, mask, *, gamma: float = 0.95, omega: float = 1.0,
@@ -154,17 +170,33 @@ def hgpo(step_rewards, anchors, group_ids, mask, *, gamma: float = 0.95, omega: 
         fn, step_rewards, group_ids, mask, episode_scores, has_steps, gamma=gamma, std=std,
         eps=eps, singleton=singleton, num_groups=num_groups, axis_name=None, method=method)
     num_segments = max(mask.size, dense.num_groups, 1)
-    total = jnp.zeros_like(returns)
-    weight = jnp.zeros_like(returns)
-    for depth in range(min_depth, max_depth + 1):
-        keys = history_keys(dense.ids, anchors, depth)
-        count = jax.ops.segment_sum(mask.astype(returns.dtype).reshape(-1), keys.reshape(-1),
-                                    num_segments)[keys]
-        advantages = _normalize(returns, keys, mask, num_segments, std=std, eps=eps,
-                                singleton="zero", axis_name=None)
-        w = jnp.where(mask & (count >= 2),
-                      jnp.asarray(depth - min_depth + 1.0, returns.dtype) ** alpha, 0.0)
+    values = returns.reshape(-1)
+    anchors = anchors.astype(jnp.int32)
+    key = jnp.broadcast_to(dense.ids[:, None], mask.shape).reshape(-1)
+    # The steps whose depth-(d-1) group holds another valid step: by nesting, the only
+    # ones whose depth-d group can, and every valid member of such a group is one.
+    active = mask.reshape(-1)
+    total = jnp.zeros_like(values)
+    weight = jnp.zeros_like(values)
+    for depth in range(max_depth + 1):
+        if depth == 1:
+            key = _pair_ids(key, anchors.reshape(-1))
+        elif depth > 1:
+            key = _deepen(key, anchors, depth - 1, active)
+        if depth < min_depth:
+            continue
+        # |G_d| over the active steps is |G_d| over the valid ones (see `active`).
+        count = jax.ops.segment_sum(active.astype(jnp.int32), key, num_segments)[key]
+        live = active & (count >= 2)
+        # Dead steps (singletons, padding) go to one extra segment with no valid member, so
+        # the group kernel keeps statistics only for live groups; their A_d (0) has weight 0.
+        advantages = _normalize(values, jnp.where(live, key, num_segments), live,
+                                num_segments + 1, std=std, eps=eps, singleton="zero",
+                                axis_name=None)
+        w = jnp.where(live, jnp.asarray(depth - min_depth + 1.0, values.dtype) ** alpha, 0.0)
         total = total + w * advantages
         weight = weight + w
+        active = live
     step_advantages = jnp.where(weight > 0, total / jnp.where(weight > 0, weight, 1.0), 0.0)
-    return jnp.where(mask, episode_advantages[:, None] + omega * step_advantages, 0.0)
+    return jnp.where(mask, episode_advantages[:, None] + omega * step_advantages.reshape(mask.shape),
+                     0.0)
