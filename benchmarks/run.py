@@ -7,8 +7,8 @@
 
 Every row is a median over repeated calls after a warm-up call (compile time is
 reported apart); every ratio divides by the memory floor (NumPy copying the
-inputs' bytes) measured in the same loop, interleaved with the row it divides,
-so machine load moves both. Every result with a float64 reference (the GAE kernels, GRPO,
+inputs' bytes: for an estimator, those of every input it reads) measured in the
+same loop, interleaved with the row it divides, so machine load moves both. Every result with a float64 reference (the GAE kernels, GRPO,
 GiGPO, EMPG) is checked against it.
 Each implementation gets its inputs in its own array type: NumPy arrays for the
 NumPy loops, CPU tensors for PyTorch, and for the jitted ones (rlax, stepcredit)
@@ -215,16 +215,28 @@ def group_references(inputs, num_groups):
     }
 
 
+STEP_FLOOR_FIELDS = ("step_rewards", "anchors", "mask")
+
+
+def estimator_floor(name, inputs):
+    """The memory floor of estimator `name`: copying the `[B, T]` step arrays that every
+    estimator row is held to (`STEP_FLOOR_FIELDS`) and every other credit input its
+    registry entry reads (`Estimator.fields`: a token-level estimator's `[B, N]` arrays),
+    so that no row's floor is below the step arrays' and none leaves out bytes it must
+    read."""
+    fields = dict.fromkeys((*STEP_FLOOR_FIELDS, *sorted(get(name).fields)))
+    return functools.partial(baselines.memory_floor, *(getattr(inputs, f) for f in fields))
+
+
 def bench_groups(table, batch, num_groups, steps, args, estimators):
     """Every estimator in `estimators` through `apply`, jitted, with the references' loops."""
     inputs = group_inputs(batch, num_groups, steps)
-    floor = functools.partial(baselines.memory_floor, inputs.step_rewards, inputs.anchors,
-                              inputs.mask)
     reps = dict(min_seconds=args.seconds, max_reps=args.reps)
     size = f"B={batch} G={num_groups} T={steps}"
     references = group_references(inputs, num_groups)
     loops = {}
     for name in (n for n in references if n in estimators):
+        floor = estimator_floor(name, inputs)
         loops[name], floor_s = time_calls(references[name], floor, min_seconds=0.0, max_reps=3)
         table.add(name, size, REFERENCE_LOOPS[name], loops[name], floor_s, loops[name], None, 0.0)
     device_inputs = jax.tree.map(jax.device_put, inputs)
@@ -235,7 +247,8 @@ def bench_groups(table, batch, num_groups, steps, args, estimators):
                   if key in entry.options}
         fn, compile_s = compiled(lambda x, name=name, config=config:
                                  apply(name, x, config).advantages, device_inputs)
-        seconds, floor_s = time_calls(lambda: fn(device_inputs), floor, **reps)
+        seconds, floor_s = time_calls(lambda: fn(device_inputs), estimator_floor(name, inputs),
+                                      **reps)
         error = max_error(fn(device_inputs), references[name]()) if name in references else None
         table.add(name, size, "stepcredit", seconds, floor_s, loops.get(name), compile_s, error)
 
@@ -262,7 +275,9 @@ def write_markdown(table, path, command):
         f"Machine: {machine()}.",
         "",
         "`x floor`: time divided by the memory floor, NumPy copying the inputs' bytes (the",
-        "median of the floor calls interleaved with every row of that size; `floor ms`).",
+        "median of the floor calls interleaved with every row of that kernel and size; `floor",
+        "ms`); an estimator's inputs are the `[B, T]` step rewards, anchors and mask and every",
+        "other credit input its registry entry reads (a token-level one's `[B, N]` arrays).",
         "`x loop`: how many times faster than the per-step loop",
         "(or dictionary) implementation of the same kernel and size. Medians of repeated calls",
         "after warm-up; compile time (lowering and XLA compilation) is apart. `error`: largest",
