@@ -37,8 +37,14 @@ test: $(VENV)/.installed-test
 	$(BIN)/python -m pytest -n auto --ignore=tests/train
 	$(BIN)/python -m pytest -n auto tests/train
 
+# Every CPU benchmark whose figures the README quotes, each rewriting its own generated
+# section: the kernels and estimators against their peers (RESULTS.md), one server under 100
+# clients against the server before issue 24 (SERVER_LOAD.md), and whole training iterations
+# before and after the speed-ups (ITERATION_SPEED.md; about an hour of the 2 cores).
 bench: $(VENV)/.installed-test
-	$(BIN)/python -m benchmarks.run --output benchmarks/RESULTS.md
+	$(BIN)/python -m benchmarks.run --seconds 0.5 --reps 20 --output benchmarks/RESULTS.md
+	$(BIN)/python benchmarks/server_load.py --baseline-rev 800e03b --seconds 15 --rounds 3
+	$(BIN)/python -m benchmarks.iteration_speed --envs hotpotqa webshop --iterations 20 --warmup 6
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache .hypothesis
