@@ -240,19 +240,27 @@ def test_expert_warm_start_lowers_the_supervised_loss(tmp_path):
     assert metrics["warm_start/demonstration_rows"] == rows.valid.sum()
 
 
-def test_scoring_in_length_groups_equals_scoring_full_width_rows(tmp_path, monkeypatch):
-    # This task's rows (86 to 121 tokens) fall in one width at the default quantum; any
-    # quantum must give the same scores.
-    monkeypatch.setattr(step_rows, "ROW_WIDTH_QUANTUM", 32)
-    config = TrainConfig(env="hotpotqa", iterations=1, tasks_per_iteration=2, group_size=2,
-                         max_steps=3, d_model=32, num_layers=1, minibatch_rows=4, epochs=1,
-                         rollout=RolloutConfig(max_prompt_tokens=320, max_action_tokens=6),
-                         logdir=str(tmp_path))
+def _rolled_out(tmp_path, **fields) -> tuple[Trainer, step_rows.StepRowBatch]:
+    """A tiny HotpotQA trainer (4-row minibatches, 320-token prompts; `fields` override its
+    configuration) and the step rows of one rollout of its untrained policy."""
+    config = TrainConfig(**{"env": "hotpotqa", "iterations": 1, "tasks_per_iteration": 2,
+                            "group_size": 2, "max_steps": 3, "d_model": 32, "num_layers": 1,
+                            "minibatch_rows": 4, "epochs": 1, "logdir": str(tmp_path),
+                            "rollout": RolloutConfig(max_prompt_tokens=320,
+                                                     max_action_tokens=6), **fields})
     trainer = Trainer(config, log=lambda _: None)
     rollout = trainer.collector.rollout(trainer.state.policy, trainer.collector.tasks(0),
                                         jax.random.key(1), 3)
     rows, _ = build_rows(rollout.trajectories, num_steps=3, row_length=trainer.learner.row_length,
                          pad_id=trainer.tokenizer.special.pad, multiple=4)
+    return trainer, rows
+
+
+def test_scoring_in_length_groups_equals_scoring_full_width_rows(tmp_path, monkeypatch):
+    # This task's rows (86 to 121 tokens) fall in one width at the default quantum; any
+    # quantum must give the same scores.
+    monkeypatch.setattr(step_rows, "ROW_WIDTH_QUANTUM", 32)
+    trainer, rows = _rolled_out(tmp_path)
     widths = {w for _, w in length_groups(rows.mask.sum(1), 4, limit=rows.tokens.shape[1])}
     assert len(widths) > 1, "the rows should differ enough in length to be cut differently"
     grouped = trainer.learner.score(trainer.state.policy, rows)
@@ -270,16 +278,7 @@ def test_prm_gradient_by_chunks_equals_the_whole_batch_gradient(tmp_path, monkey
     # iStar's preference loss ties a group's rows together; its gradient is carried into the
     # PRM a chunk of rows at a time, and must equal one pass over the whole batch.
     monkeypatch.setattr(step_rows, "ROW_WIDTH_QUANTUM", 32)
-    config = TrainConfig(env="hotpotqa", estimator="rloo+istar", iterations=1,
-                         tasks_per_iteration=2, group_size=2, max_steps=3, d_model=32,
-                         num_layers=1, minibatch_rows=4, epochs=1,
-                         rollout=RolloutConfig(max_prompt_tokens=320, max_action_tokens=6),
-                         logdir=str(tmp_path))
-    trainer = Trainer(config, log=lambda _: None)
-    rollout = trainer.collector.rollout(trainer.state.policy, trainer.collector.tasks(0),
-                                        jax.random.key(1), 3)
-    rows, _ = build_rows(rollout.trajectories, num_steps=3, row_length=trainer.learner.row_length,
-                         pad_id=trainer.tokenizer.special.pad, multiple=4)
+    trainer, rows = _rolled_out(tmp_path, estimator="rloo+istar")
     assert len(length_groups(rows.mask.sum(1), 4, limit=rows.tokens.shape[1])) > 1
     weights = np.where(rows.action_mask,
                        np.random.default_rng(0).normal(size=rows.action_mask.shape), 0.0
