@@ -40,7 +40,7 @@ test: $(VENV)/.installed-test
 # Every CPU benchmark whose figures the README quotes, each rewriting its own generated
 # section: the kernels and estimators against their peers (RESULTS.md), one server under 100
 # clients against the server before issue 24 (SERVER_LOAD.md), and whole training iterations
-# before and after the speed-ups (ITERATION_SPEED.md; about an hour of the 2 cores).
+# before and after the speed-ups (ITERATION_SPEED.md); about 80 minutes of the 2 cores in all.
 bench: $(VENV)/.installed-test
 	$(BIN)/python -m benchmarks.run --seconds 0.5 --reps 20 --output benchmarks/RESULTS.md
 	$(BIN)/python benchmarks/server_load.py --baseline-rev 800e03b --seconds 15 --rounds 3
