@@ -74,24 +74,33 @@ class Learner:
     def score(self, params, rows: StepRowBatch, *, width: int | None = None):
         """Scores all rows in minibatch-sized chunks of similar length (`length_groups`), at
         their first `width` action tokens (the longest action by default)."""
-        loss = self.config.loss
-        action_width = width or loss.action_width
         full = rows.tokens.shape[1]
         parts, order = [], []
-        for chunk, columns in length_groups(rows.mask.sum(1), self.config.minibatch_rows,
-                                            limit=full):
-            tokens, mask, action_mask = (x[chunk, :columns]
-                                         for x in (rows.tokens, rows.mask, rows.action_mask))
-            scores = update.score(params, tokens, mask, action_mask,
-                                  jnp.float32(loss.temperature), graphdef=self.parts.graphdef,
-                                  choice_markers=loss.choice_markers, width=action_width,
-                                  shared=self._shared(tokens, mask, action_mask),
-                                  label_slots=self._label_slots(tokens, mask))
-            parts.append(jax.tree.map(lambda x: jnp.pad(x, ((0, 0), (0, full - columns))),
+        temperature = jnp.float32(self.config.loss.temperature)
+        for chunk, tokens, mask, action_mask in self._chunks(rows):
+            scores = update.score(params, tokens, mask, action_mask, temperature,
+                                  **self._scoring_options(tokens, mask, action_mask, width))
+            parts.append(jax.tree.map(lambda x: jnp.pad(x, ((0, 0), (0, full - x.shape[1]))),
                                       scores))
             order.append(chunk)
         inverse = np.argsort(np.concatenate(order))
         return jax.tree.map(lambda *xs: jnp.concatenate(xs)[inverse], *parts)
+
+    def _chunks(self, rows: StepRowBatch):
+        """Minibatch-sized chunks of rows of similar length (`length_groups`), each cut to its
+        own width: (row indices, tokens, mask, action_mask) per chunk."""
+        for chunk, columns in length_groups(rows.mask.sum(1), self.config.minibatch_rows,
+                                            limit=rows.tokens.shape[1]):
+            yield chunk, *(x[chunk, :columns] for x in (rows.tokens, rows.mask, rows.action_mask))
+
+    def _scoring_options(self, tokens, mask, action_mask, width: int | None = None) -> dict:
+        """How a chunk's rows are scored: the model and pointer, the first `width` action
+        tokens (the longest action by default), and the rows that share a context."""
+        loss = self.config.loss
+        return dict(graphdef=self.parts.graphdef, choice_markers=loss.choice_markers,
+                    width=width or loss.action_width,
+                    shared=self._shared(tokens, mask, action_mask),
+                    label_slots=self._label_slots(tokens, mask))
 
     def _shared(self, tokens, mask, action_mask) -> SharedRows | None:
         """The kinds of rows the model runs once (`shared_rows`), or None: every row runs
@@ -110,18 +119,12 @@ class Learner:
     def _weighted_gradient(self, params, rows: StepRowBatch, weights: np.ndarray):
         """The gradient in `params` of sum(weights * log-probs) over `rows`' action tokens,
         accumulated over the scoring's chunks (`update.weighted_logprob_gradient`)."""
-        loss = self.config.loss
         grads = jax.tree.map(jnp.zeros_like, params)
-        for chunk, columns in length_groups(rows.mask.sum(1), self.config.minibatch_rows,
-                                            limit=rows.tokens.shape[1]):
-            tokens, mask, action_mask = (x[chunk, :columns]
-                                         for x in (rows.tokens, rows.mask, rows.action_mask))
+        for chunk, tokens, mask, action_mask in self._chunks(rows):
             chunk_grads = update.weighted_logprob_gradient(
-                params, tokens, mask, action_mask, weights[chunk, :columns],
-                jnp.float32(loss.temperature), graphdef=self.parts.graphdef,
-                choice_markers=loss.choice_markers, width=loss.action_width,
-                shared=self._shared(tokens, mask, action_mask),
-                label_slots=self._label_slots(tokens, mask))
+                params, tokens, mask, action_mask, weights[chunk, :tokens.shape[1]],
+                jnp.float32(self.config.loss.temperature),
+                **self._scoring_options(tokens, mask, action_mask))
             grads = jax.tree.map(jnp.add, grads, chunk_grads)
         return grads
 
