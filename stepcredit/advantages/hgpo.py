@@ -42,8 +42,10 @@ def _deepen(key: jax.Array, anchors: jax.Array, lag: int, active: jax.Array | No
 
     One pair-id call per depth: a step with no anchor `lag` steps back (its row
     starts later) pairs -2 - key, which never meets a key of a step that has one
-    (pair ids are >= 0); with `active` given, every inactive step pairs -1, so
-    that they all share one key while the keys of active steps stay exact.
+    (keys are pair ids, >= 0, wherever lag > 0; at lag 0 every step has its anchor
+    and keys of any sign pass unmarked); with `active` given (and keys >= 0),
+    every inactive step pairs -1, so that they all share one key while the keys
+    of active steps stay exact.
     """
     steps = anchors.shape[1]
     shifted = jnp.pad(anchors, ((0, 0), (lag, 0)))[:, :steps].reshape(-1)
@@ -66,8 +68,7 @@ def history_keys(episode_ids, anchors, depth: int) -> jax.Array:
     anchors = anchors.astype(jnp.int32)
     key = jnp.broadcast_to(episode_ids[:, None], anchors.shape).astype(jnp.int32).reshape(-1)
     for lag in range(depth):
-        # At lag 0 every step has its anchor, and episode ids may be negative: no marks.
-        key = _deepen(key, anchors, lag, None) if lag else _pair_ids(key, anchors.reshape(-1))
+        key = _deepen(key, anchors, lag, None)
     return key.reshape(anchors.shape)
 
 
@@ -179,9 +180,7 @@ def hgpo(step_rewards, anchors, group_ids, mask, *, gamma: float = 0.95, omega: 
     total = jnp.zeros_like(values)
     weight = jnp.zeros_like(values)
     for depth in range(max_depth + 1):
-        if depth == 1:
-            key = _pair_ids(key, anchors.reshape(-1))
-        elif depth > 1:
+        if depth:
             key = _deepen(key, anchors, depth - 1, active)
         if depth < min_depth:
             continue
