@@ -242,6 +242,40 @@ def test_claim_output_refuses_another_studys_directory(tmp_path):
                            str(tmp_path))
 
 
+def test_reuse_copies_only_finished_runs_of_the_same_configuration(tmp_path):
+    from stepcredit.study.worker import run_config
+
+    study = _study()
+    source, out = str(tmp_path / "source"), str(tmp_path / "out")
+
+    def finished(run_id, status=records.DONE, **change):
+        config = dataclasses.replace(run_config(study.run(run_id), os.path.abspath(source)),
+                                     **change)
+        saved = json.loads(config.to_json())
+        del saved["share_contexts"]  # a record written before the option existed
+        records.write_record(source, {"run": run_id, "status": status,
+                                      "config": json.dumps(saved)})
+        os.makedirs(os.path.join(records.run_dir(source, run_id), "checkpoints"))
+        with open(os.path.join(records.run_dir(source, run_id), "metrics.jsonl"), "w") as f:
+            f.write('{"iteration": 0}\n')
+
+    finished("hotpotqa-GRPO-s0")
+    finished("hotpotqa-GRPO-s1", learning_rate=0.5)
+    finished("hotpotqa-GRPO-s2", status=records.FAILED)
+    finished("hotpotqa-StepPO-s0")
+    os.makedirs(records.run_dir(out, "hotpotqa-StepPO-s0"))  # interrupted here: resumed
+
+    assert sweep.reuse_runs(study, out, source) == ("hotpotqa-GRPO-s0",)
+    copied = records.read_record(out, "hotpotqa-GRPO-s0")
+    assert copied["reused_from"] == source and copied["status"] == records.DONE
+    assert json.loads(copied["config"])["logdir"] == os.path.abspath(
+        records.run_dir(out, "hotpotqa-GRPO-s0"))
+    assert sorted(os.listdir(records.run_dir(out, "hotpotqa-GRPO-s0"))) == ["metrics.jsonl"]
+    assert os.listdir(records.run_dir(out, "hotpotqa-StepPO-s0")) == []
+    assert os.listdir(os.path.join(out, "records")) == ["hotpotqa-GRPO-s0.json"]
+    assert sweep.reuse_runs(study, out, source) == ()
+
+
 def test_records_are_written_whole_with_nan_as_null(tmp_path):
     path = records.write_record(tmp_path, {"run": "a-b-s0", "status": records.DONE,
                                            "eval": {"test": {"success": math.nan}}})

@@ -10,6 +10,8 @@ the error, and the others go on (the next sweep retries it). One progress bar
 counts the training iterations of the whole sweep. Each run's output goes to
 `<out>/runs/<run_id>/log.txt`; the study file is copied to `<out>/study.toml`,
 and a sweep into a directory holding another study's results is refused.
+`reuse=[other_out]` first copies the finished runs another sweep shares with this
+study (same run id, same resolved configuration) instead of training them again.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ import contextlib
 import dataclasses
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -146,8 +149,44 @@ def _exit_text(code: int) -> str:
     return f"exit status {code}"
 
 
+def reuse_runs(study: Study, out: str, source: str) -> tuple[str, ...]:
+    """Copies into `out` the finished runs of another sweep's directory `source` that this
+    study would train the same way; returns their run ids.
+
+    A run is copied when `source` holds a "done" record under the same run id whose resolved
+    configuration equals the one this study's run trains with, but for the directory it logs
+    to (so a fitted prompt budget must come out the same; a field the record predates counts
+    as its default, as when a checkpoint is resumed), and `out` holds nothing of that run yet
+    (no record, no run directory: an interrupted run there is resumed, not replaced).
+    Its run directory comes without checkpoints; its record says where it came from
+    (`reused_from`) and logs to its new place.
+    """
+    from stepcredit.study.worker import run_config
+    from stepcredit.train.config import TrainConfig
+
+    copied = []
+    for run in study.runs():
+        held = read_record(source, run.run_id)
+        target = run_dir(out, run.run_id)
+        if (held is None or held.get("status") != DONE or read_record(out, run.run_id)
+                or os.path.exists(target)):
+            continue
+        config = run_config(run, os.path.abspath(out))
+        if TrainConfig.from_json(held["config"]).differences(config, ignore=("logdir",)):
+            continue
+        partial = target + ".partial"
+        shutil.rmtree(partial, ignore_errors=True)
+        shutil.copytree(run_dir(source, run.run_id), partial,
+                        ignore=shutil.ignore_patterns("checkpoints"))
+        os.rename(partial, target)
+        write_record(out, {**held, "config": config.to_json(), "reused_from": source})
+        copied.append(run.run_id)
+    return tuple(copied)
+
+
 def sweep(study_path: str, out: str, *, workers: int | None = None, threads: int | None = None,
-          progress: bool = True, note: Callable[[str], None] | None = None) -> SweepSummary:
+          progress: bool = True, note: Callable[[str], None] | None = None,
+          reuse: Sequence[str] = ()) -> SweepSummary:
     """Runs every unfinished job of the study in `study_path`; returns what it did.
 
     Args:
@@ -157,6 +196,8 @@ def sweep(study_path: str, out: str, *, workers: int | None = None, threads: int
       threads: CPU threads per process (default: cores // workers, at least 1).
       progress: show a progress bar over the sweep's training iterations.
       note: where one-line messages go (a job finished or failed; default: above the bar).
+      reuse: other sweeps' directories whose finished runs this study shares
+        (`reuse_runs`): copied, not trained again.
     """
     from tqdm import tqdm
 
@@ -164,6 +205,9 @@ def sweep(study_path: str, out: str, *, workers: int | None = None, threads: int
     study = load_study(study_path)
     claim_output(study, out)
     with _exclusive(out), _terminate_as_exit():
+        for source in reuse:
+            copied = reuse_runs(study, out, source)
+            note(f"{len(copied)} finished run(s) with the same configuration copied from {source}")
         return _sweep(study, out, workers=workers, threads=threads, progress=progress, note=note)
 
 

@@ -5,6 +5,8 @@
 runs every run of the study file (`stepcredit.study.spec`) in worker processes
 (`stepcredit.study.sweep`). Run again after an interruption, it finishes the
 study without redoing finished runs; then `stepcredit table runs/main`.
+`--reuse DIR` copies the finished runs of another sweep that this study shares
+(same run id and resolved configuration) instead of training them again.
 """
 
 from __future__ import annotations
@@ -28,6 +30,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("study", help="a study file (TOML), e.g. experiments/main.toml")
     parser.add_argument("--out", default=None,
                         help="the sweep's directory (default: runs/<study name>)")
+    parser.add_argument("--reuse", action="append", default=[], metavar="DIR",
+                        help="another sweep's directory: its finished runs that this study "
+                             "would train with the same configuration are copied, not "
+                             "trained again (repeatable)")
     add_parallel_arguments(parser)
 
 
@@ -37,7 +43,7 @@ def run(args: argparse.Namespace) -> int:
 
     out = args.out or os.path.join("runs", load_study(args.study).name)
     summary = sweep(args.study, out, workers=args.workers, threads=args.threads,
-                    progress=args.progress)
+                    progress=args.progress, reuse=args.reuse)
     print(f"{len(summary.skipped)} jobs done before, {len(summary.finished)} finished now, "
           f"{len(summary.failed)} failed; results in {out} (see: stepcredit table {out})")
     return 1 if summary.failed else 0

@@ -27,20 +27,28 @@ from stepcredit.study.spec import Run, Study, load_study
 DIAGNOSIS = "diagnose"
 
 
+def run_config(run: Run, out: str):
+    """The TrainConfig that `run` trains with in the sweep directory `out`: its study
+    configuration logging to `<out>/runs/<run_id>/`, with the prompt budget fitted where the
+    study leaves it open."""
+    from stepcredit.train.build import with_fitted_prompt_budget
+
+    config = dataclasses.replace(run.config, logdir=run_dir(out, run.run_id))
+    return with_fitted_prompt_budget(config) if run.fit_prompt_budget else config
+
+
 def train_run(run: Run, out: str, *, log=print) -> dict:
     """Trains `run` in `<out>/runs/<run_id>/` (resuming its checkpoint) and returns its
     "done" record: final evaluation per split, last training batch, and the wall time of
     this invocation (a resumed run's earlier time is not in it)."""
-    from stepcredit.train.build import make_env, with_fitted_prompt_budget
+    from stepcredit.train.build import make_env
     from stepcredit.train.evaluate import evaluate, test_split
     from stepcredit.train.metrics import read_metrics
     from stepcredit.train.trainer import Trainer
 
     began = time.perf_counter()
     logdir = run_dir(out, run.run_id)
-    config = dataclasses.replace(run.config, logdir=logdir)
-    if run.fit_prompt_budget:
-        config = with_fitted_prompt_budget(config)
+    config = run_config(run, out)
     # A run directory without checkpoints (a copy that kept only metrics and config.json)
     # starts over: there is nothing to resume from.
     checkpoints = os.path.join(logdir, "checkpoints")
