@@ -243,6 +243,29 @@ def test_gigpo_step_groups_use_the_kernel_on_cpu_and_the_sort_elsewhere(monkeypa
     assert same_partition(jax.jit(retraced)(first, second), _sorted_pair_ids(first, second))
 
 
+def test_estimators_number_groups_by_the_kernel_on_cpu_and_the_public_ids_stay_ranked(
+        monkeypatch):
+    from stepcredit.advantages.group import _dense_ids, dense_group_ids
+
+    rng = np.random.default_rng(2)
+    group_ids = rng.choice(np.array([7, 1000, -3, np.iinfo(np.int32).min], np.int32), 256)
+    internal = lambda ids: _dense_ids("grpo", ids, None, None).ids  # noqa: E731
+    public = lambda ids: dense_group_ids(ids).ids  # noqa: E731
+    assert native._PAIR_TARGET in exported_text(internal, "cpu", native._PAIR_TARGET, group_ids)
+    assert native._PAIR_TARGET not in exported_text(internal, "cuda", native._PAIR_TARGET,
+                                                    group_ids)
+    assert native._PAIR_TARGET not in lowered_text(public, group_ids)
+    ranked = np.unique(group_ids, return_inverse=True)[1]
+    np.testing.assert_array_equal(jax.jit(public)(group_ids), ranked)
+    numbered = np.asarray(jax.jit(internal)(group_ids))
+    assert same_partition(numbered, ranked) and numbered[0] == 0
+    assert sorted(set(numbered.tolist())) == [0, 1, 2, 3]
+    monkeypatch.setattr(native, "build_error", lambda: "no compiler here")
+    retraced = lambda ids: internal(ids)  # noqa: E731 (a fresh trace)
+    assert native._PAIR_TARGET not in lowered_text(retraced, group_ids)
+    np.testing.assert_array_equal(jax.jit(retraced)(group_ids), ranked)
+
+
 def exported_text(fn, platform, target, *args) -> str:
     allow = [jax.export.DisabledSafetyCheck.custom_call(target)]
     return jax.export.export(jax.jit(fn), platforms=[platform],
@@ -316,7 +339,7 @@ def normalize_inputs(shape=(64, 9), num_groups=11, seed=0):
 
 @pytest.mark.parametrize("std", ["unbiased", "biased", "none", "leave_one_out"])
 @pytest.mark.parametrize("singleton", ["zero", "raw"])
-@pytest.mark.parametrize("layout", ["random", "sorted", "rows"])
+@pytest.mark.parametrize("layout", ["random", "sorted", "rows", "anchors", "singletons"])
 def test_the_normalize_kernel_equals_the_segment_sums_bit_for_bit(std, singleton, layout):
     from stepcredit.advantages.group import _xla_normalize
 
@@ -326,6 +349,11 @@ def test_the_normalize_kernel_equals_the_segment_sums_bit_for_bit(std, singleton
         ids = np.sort(ids.ravel()).reshape(ids.shape)
     if layout == "rows":  # a group per row block, as GRPO's and iStar's
         ids = np.broadcast_to((np.arange(ids.shape[0]) // 8)[:, None], ids.shape).astype(np.int32)
+    if layout == "anchors":  # GiGPO's step groups: a few anchors in each block of 8 rows,
+        # an id change at almost every element (reordered group by group, then chunked)
+        ids = ((np.arange(ids.shape[0]) // 8)[:, None] * 3 + ids % 3).astype(np.int32)
+    if layout == "singletons":  # mostly one member per group: summed in place
+        ids = np.random.default_rng(1).permutation(ids.size).reshape(ids.shape).astype(np.int32)
     num_groups = int(ids.max()) + 2  # one group that holds nothing
     kwargs = dict(num_groups=num_groups, std=std, eps=1e-6, singleton=singleton)
     expected = jax.jit(functools.partial(_xla_normalize, axis_name=None, **kwargs))(values, ids,

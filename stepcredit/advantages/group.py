@@ -99,10 +99,15 @@ def dense_group_ids(group_ids, num_groups: int | None = None, *,
 
     Example: [7, 1000, -3, 7] gives ids [1, 2, 0, 1] with num_groups 4.
     """
-    return _dense_ids("dense_group_ids", group_ids, num_groups, axis_name)
+    return _dense_ids("dense_group_ids", group_ids, num_groups, axis_name, ranked=True)
 
 
-def _dense_ids(fn: str, group_ids, num_groups: int | None, axis_name: str | None) -> DenseGroupIds:
+def _dense_ids(fn: str, group_ids, num_groups: int | None, axis_name: str | None, *,
+               ranked: bool = False) -> DenseGroupIds:
+    """`dense_group_ids` for the estimators, which only need to know which elements share
+    a group: unless `ranked`, on one CPU device with ids of at most 32 bits the groups are
+    numbered in the order of their first element by the compiled hash table
+    (`native.pair_ids`), not ranked by a sort (about 0.2 ms for B = 4096)."""
     group_ids = _checks.int_array(fn, "group_ids", group_ids)
     if num_groups is not None:
         _check_num_groups(fn, num_groups)
@@ -110,8 +115,18 @@ def _dense_ids(fn: str, group_ids, num_groups: int | None, axis_name: str | None
         return DenseGroupIds(group_ids.astype(jnp.int32), int(num_groups))
     flat = group_ids.reshape(-1)
     if axis_name is None:
-        _, inverse = jnp.unique(flat, size=flat.size, return_inverse=True)
-        return DenseGroupIds(inverse.reshape(group_ids.shape).astype(jnp.int32), max(flat.size, 1))
+        def by_rank(flat):
+            return jnp.unique(flat, size=flat.size, return_inverse=True)[1].astype(jnp.int32)
+
+        def on_cpu(flat):
+            if native.build_error():
+                return by_rank(flat)
+            return native.pair_ids(flat.astype(jnp.int32), jnp.zeros(flat.shape, jnp.int32))
+
+        fits = jnp.iinfo(flat.dtype).bits <= 32  # a cast to int32 keeps distinct ids distinct
+        ids = (by_rank(flat) if ranked or not fits
+               else jax.lax.platform_dependent(flat, cpu=on_cpu, default=by_rank))
+        return DenseGroupIds(ids.reshape(group_ids.shape), max(flat.size, 1))
     everyone = jax.lax.all_gather(flat, axis_name, tiled=True)
     _, inverse = jnp.unique(everyone, size=everyone.size, return_inverse=True)
     start = jax.lax.axis_index(axis_name) * flat.size

@@ -135,9 +135,9 @@ def mt_grpo(step_rewards, scores, group_ids, mask, *, lam: float = 1.0,
     step_rewards, mask, scores, group_ids = _checks.step_and_group_arrays(
         fn, "step_rewards", step_rewards, mask, scores, group_ids)
     _checks.finite_where(fn, "step_rewards", step_rewards, mask)
-    outcome = group_lib.grpo(scores, group_ids, num_groups=num_groups, eps=eps, std=std,
+    dense = group_lib._dense_ids(fn, group_ids, num_groups, axis_name)
+    outcome = group_lib.grpo(scores, dense.ids, num_groups=dense.num_groups, eps=eps, std=std,
                              axis_name=axis_name)
-    dense = group_lib.dense_group_ids(group_ids, num_groups, axis_name=axis_name)
     credited = mask if final_turn == "both" else mask & ~final_turns(mask)
     segments, num_segments = _turn_segments(dense.ids, dense.num_groups, mask.shape[1],
                                             turn_baseline)

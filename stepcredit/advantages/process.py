@@ -131,7 +131,7 @@ def add_process_advantage(episode_advantages, process_rewards, group_ids, mask, 
                         group_ids=group_ids)
     _checks.finite_where(fn, "process_rewards", process_rewards, mask)
     _checks.finite_where(fn, "episode_advantages", episode_advantages, jnp.any(mask, axis=1))
-    dense = group_lib.dense_group_ids(group_ids, num_groups, axis_name=axis_name)
+    dense = group_lib._dense_ids(fn, group_ids, num_groups, axis_name)
     step_term = _group_relative(process_rewards, dense.ids, mask, dense.num_groups,
                                 normalize=normalize, baseline=baseline, std=std, eps=eps,
                                 axis_name=axis_name)
@@ -275,7 +275,7 @@ def prime_advantages(token_rewards, outcome_scores, action_mask, group_ids, *,
     present = jnp.any(action_mask, axis=1)
     _checks.finite_where(fn, "token_rewards", token_rewards, action_mask)
     _checks.finite_where(fn, "outcome_scores", outcome_scores, present)
-    dense = group_lib.dense_group_ids(group_ids, num_groups, axis_name=axis_name)
+    dense = group_lib._dense_ids(fn, group_ids, num_groups, axis_name)
 
     def leave_one_out(values, scores):
         stats = group_lib.group_stats(scores, dense.ids, present, num_groups=dense.num_groups,

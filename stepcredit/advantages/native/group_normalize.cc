@@ -16,6 +16,11 @@
 //            v_i / (1 + eps)) for a singleton under singleton "raw", and 0 at
 //            invalid elements.
 //
+// Ids that change at nearly every element, in groups of several members (GiGPO's
+// step groups: a few anchors per trajectory), are first reordered group by group
+// by a stable counting sort, so that each group's members are contiguous and
+// their sums keep their order; the result is read back in the original order.
+//
 // XLA:CPU computes these statistics with six scatters and as many gathers over
 // the B x T elements, each several times the cost of reading them. The sums
 // run in element order, as XLA's scatter adds them, and every operation is the
@@ -54,6 +59,16 @@ struct Group {
   int64_t last;  // the index of its last element
   uint64_t epoch;
 };
+
+// Buffers kept between calls, one set per thread (a fresh allocation this size
+// costs more in page faults than the kernel does). A kernel reaches them once per
+// call, through a reference: in a shared library every use of a thread_local
+// variable is a call into the dynamic linker, which made the kernel half as slow.
+template <typename T>
+T& PerThread() {
+  thread_local T value;
+  return value;
+}
 
 // A maximal stretch of equal ids.
 struct Run {
@@ -368,21 +383,26 @@ void Output(const float* v, const uint8_t* valid, int64_t begin, int64_t end, fl
   for (; i < end; ++i) out[i] = Keep(valid[i], (v[i] - shift) * times / by);
 }
 
-void Normalize(const float* v, const int32_t* id, const uint8_t* valid, int64_t n,
-               int64_t num_groups, int32_t std_mode, float eps, float one_plus_eps,
-               bool singleton_raw, float* result) {
-  if (n == 0) return;
-  // Kept between calls: a fresh allocation this size costs more in page faults
-  // than the kernel does.
-  thread_local std::vector<Group> groups;
-  thread_local std::vector<Run> runs;
-  thread_local std::vector<int32_t> touched;
-  thread_local uint64_t epoch = 0;
-  ++epoch;
+// Group normalisation of n >= 1 elements in the order given: long runs of equal ids
+// keep their group in registers, short ones accumulate into memory.
+void NormalizeInOrder(const float* v, const int32_t* id, const uint8_t* valid, int64_t n,
+                      int64_t num_groups, int32_t std_mode, float eps, float one_plus_eps,
+                      bool singleton_raw, float* result) {
+  struct Buffers {
+    std::vector<Group> groups;
+    std::vector<Run> runs;
+    std::vector<int32_t> touched;
+    uint64_t epoch = 0;
+  };
+  Buffers& kept = PerThread<Buffers>();
+  std::vector<Run>& runs = kept.runs;
+  std::vector<int32_t>& touched = kept.touched;
+  const uint64_t epoch = ++kept.epoch;
   // Ids outside [0, num_groups) accumulate into one more group, never read.
-  if (static_cast<int64_t>(groups.size()) <= num_groups) {
-    groups.resize(num_groups + 1, Group{0, 0, 0, 0, 0, 0, 0, 0, 0});
+  if (static_cast<int64_t>(kept.groups.size()) <= num_groups) {
+    kept.groups.resize(num_groups + 1, Group{0, 0, 0, 0, 0, 0, 0, 0, 0});
   }
+  Group* const groups = kept.groups.data();
   auto slot_of = [&](int32_t g) {
     return g >= 0 && g < num_groups ? g : static_cast<int32_t>(num_groups);
   };
@@ -458,13 +478,13 @@ void Normalize(const float* v, const int32_t* id, const uint8_t* valid, int64_t 
       while (r < static_cast<int64_t>(runs.size()) && runs[r].begin < start[c]) ++r;
       first[c] = r;
     }
-    TiledSums(v, valid, runs.data(), first, touched, groups.data());
+    TiledSums(v, valid, runs.data(), first, touched, groups);
   } else if (long_runs) {
-    Sums<1>(v, valid, id, whole, at, touched, groups.data());
+    Sums<1>(v, valid, id, whole, at, touched, groups);
   } else if (chunked) {
-    DirectSums<kChunks>(v, valid, id, start, at, touched, groups.data());
+    DirectSums<kChunks>(v, valid, id, start, at, touched, groups);
   } else {
-    DirectSums<1>(v, valid, id, whole, at, touched, groups.data());
+    DirectSums<1>(v, valid, id, whole, at, touched, groups);
   }
   // Per group: `total` becomes the mean, `squares` the divisor (1 for std "none":
   // x / 1 is x; n - 1 for leave-one-out, whose factor is `count`), `scale` the output's rule: 0 all equal (or no valid member),
@@ -505,6 +525,75 @@ void Normalize(const float* v, const int32_t* id, const uint8_t* valid, int64_t 
     const float advantage = rule == 2.0f ? quotient : rule == 1.0f ? v[i] / raw_divisor : 0.0f;
     result[i] = Keep(valid[i], advantage);
   }
+}
+
+// Group normalisation, ids that change at almost every element included. Where
+// the ids change at nearly every element but each group has several members,
+// the elements are first reordered group by group, stably (a counting sort), so
+// that each group is one run whose sums keep their element order; the result is
+// read back in the original order.
+void Normalize(const float* v, const int32_t* id, const uint8_t* valid, int64_t n,
+               int64_t num_groups, int32_t std_mode, float eps, float one_plus_eps,
+               bool singleton_raw, float* result) {
+  if (n == 0) return;
+  auto normalize = [&](const float* v, const int32_t* id, const uint8_t* valid, float* out) {
+    NormalizeInOrder(v, id, valid, n, num_groups, std_mode, eps, one_plus_eps, singleton_raw,
+                     out);
+  };
+  int64_t num_runs = 1;
+  for (int64_t i = 1; i < n; ++i) num_runs += id[i] != id[i - 1];
+  if (n >= 4 * num_runs) return normalize(v, id, valid, result);
+  struct Buffers {
+    // Per slot: the call that last met it, then its members' count, then the
+    // position of its next member in the grouped order.
+    std::vector<uint64_t> met_in;
+    std::vector<int32_t> cursor, met, place, grouped_ids;
+    std::vector<float> grouped_values, grouped_result;
+    std::vector<uint8_t> grouped_valid;
+    uint64_t epoch = 0;
+  };
+  Buffers& kept = PerThread<Buffers>();
+  const uint64_t epoch = ++kept.epoch;
+  if (static_cast<int64_t>(kept.cursor.size()) <= num_groups) {
+    kept.cursor.resize(num_groups + 1);
+    kept.met_in.resize(num_groups + 1);
+  }
+  uint64_t* const met_in = kept.met_in.data();
+  int32_t* const cursor = kept.cursor.data();
+  std::vector<int32_t>& met = kept.met;
+  auto slot_of = [&](int32_t g) {
+    return g >= 0 && g < num_groups ? g : static_cast<int32_t>(num_groups);
+  };
+  met.clear();
+  for (int64_t i = 0; i < n; ++i) {
+    const int32_t slot = slot_of(id[i]);
+    if (__builtin_expect(met_in[slot] != epoch, 0)) {
+      met_in[slot] = epoch;
+      cursor[slot] = 0;
+      met.push_back(slot);
+    }
+    ++cursor[slot];
+  }
+  if (n < 4 * static_cast<int64_t>(met.size())) return normalize(v, id, valid, result);
+  int32_t position = 0;
+  for (int32_t slot : met) position += std::exchange(cursor[slot], position);
+  for (auto* buffer : {&kept.place, &kept.grouped_ids}) buffer->resize(n);
+  for (auto* buffer : {&kept.grouped_values, &kept.grouped_result}) buffer->resize(n);
+  kept.grouped_valid.resize(n);
+  int32_t* const place = kept.place.data();
+  int32_t* const grouped_ids = kept.grouped_ids.data();
+  float* const grouped_values = kept.grouped_values.data();
+  float* const grouped_result = kept.grouped_result.data();
+  uint8_t* const grouped_valid = kept.grouped_valid.data();
+  for (int64_t i = 0; i < n; ++i) {
+    const int32_t at = cursor[slot_of(id[i])]++;
+    place[i] = at;
+    grouped_values[at] = v[i];
+    grouped_ids[at] = id[i];
+    grouped_valid[at] = valid[i];
+  }
+  normalize(grouped_values, grouped_ids, grouped_valid, grouped_result);
+  for (int64_t i = 0; i < n; ++i) result[i] = grouped_result[place[i]];
 }
 
 ffi::Error GroupNormalize(ffi::Buffer<ffi::F32> values, ffi::Buffer<ffi::S32> ids,
