@@ -117,6 +117,25 @@ inline float Keep(uint8_t valid, float x) {
   return x;
 }
 
+// op over the eight lanes of x, by three shuffles (runs of eight elements spend more
+// in this reduction than in the pass over them).
+template <typename Vector, typename Op>
+auto Fold(Vector x, Op op) {
+#if defined(__clang__) || __GNUC__ >= 12
+  x = op(x, __builtin_shufflevector(x, x, 4, 5, 6, 7, 0, 1, 2, 3));
+  x = op(x, __builtin_shufflevector(x, x, 2, 3, 0, 1, 6, 7, 4, 5));
+  x = op(x, __builtin_shufflevector(x, x, 1, 0, 3, 2, 5, 4, 7, 6));
+#else
+  const Vector lanes = x;
+  for (int k = 1; k < kLanes; ++k) {
+    Vector lane = lanes;
+    for (int j = 0; j < kLanes; ++j) lane[j] = lanes[k];
+    x = op(x, lane);
+  }
+#endif
+  return x[0];
+}
+
 // Count, max |v|, max and min of the valid elements of [begin, end) (order-free),
 // eight at a time; a NaN is tracked apart and restored at the end.
 void Extremes(const float* v, const uint8_t* valid, int64_t begin, int64_t end, Group& g) {
@@ -135,15 +154,11 @@ void Extremes(const float* v, const uint8_t* valid, int64_t begin, int64_t end, 
     high = (mask != 0) & (x > high) ? x : high;
     low = (mask != 0) & (x < low) ? x : low;
   }
-  int32_t total = 0, any_nan = 0;
-  float most = 0.0f, top = -inf, bottom = inf;
-  for (int64_t k = 0; k < kLanes; ++k) {
-    total += count[k];
-    any_nan |= nan[k];
-    most = std::max(most, largest[k]);
-    top = std::max(top, high[k]);
-    bottom = std::min(bottom, low[k]);
-  }
+  auto greater = [](f32x8 a, f32x8 b) { return a > b ? a : b; };
+  auto less = [](f32x8 a, f32x8 b) { return a < b ? a : b; };
+  int32_t total = Fold(count, [](i32x8 a, i32x8 b) { return a + b; });
+  int32_t any_nan = Fold(nan, [](i32x8 a, i32x8 b) { return a | b; });
+  float most = Fold(largest, greater), top = Fold(high, greater), bottom = Fold(low, less);
   for (; i < end; ++i) {
     if (!valid[i]) continue;
     ++total;
@@ -243,6 +258,24 @@ inline void Transpose(f32x8 r[kLanes]) {
   }
   for (int k = 0; k < kLanes; ++k) r[k] = c[k];
 #endif
+}
+
+// 2^-e for the exponent e of frexp(largest) (largest = m 2^e, m in [0.5, 1)), e
+// clipped to [-125, 126]; e = 0 for 0, an infinity or a NaN. Read off the float's
+// bits: frexp and ldexp are library calls, a sixth of the kernel's time where
+// groups have a few members each.
+inline float ScaleOf(float largest) {
+  uint32_t bits;
+  std::memcpy(&bits, &largest, sizeof bits);
+  const int32_t biased = static_cast<int32_t>((bits >> 23) & 0xff);
+  // A subnormal's exponent is below -125 and clips to it.
+  const int32_t exponent = largest == 0.0f || biased == 0xff ? 0
+                           : biased == 0                    ? -125
+                                                             : std::clamp(biased - 126, -125, 126);
+  const uint32_t scale_bits = static_cast<uint32_t>(127 - exponent) << 23;
+  float scale;
+  std::memcpy(&scale, &scale_bits, sizeof scale);
+  return scale;
 }
 
 // One pass of in-order sums over the runs of kChunks = 8 chunks (chunk c holds
@@ -464,12 +497,7 @@ void NormalizeInOrder(const float* v, const int32_t* id, const uint8_t* valid, i
   for (int64_t c = 1; c < kChunks && chunked; ++c) chunked = start[c] > start[c - 1];
   chunked &= start[kChunks - 1] < n;
   start[kChunks] = n;
-  for (int32_t g : touched) {
-    Group& group = groups[g];
-    int exponent = 0;
-    if (std::isfinite(group.largest)) std::frexp(group.largest, &exponent);
-    group.scale = std::ldexp(1.0f, -std::clamp(exponent, -125, 126));
-  }
+  for (int32_t g : touched) groups[g].scale = ScaleOf(groups[g].largest);
   auto at = [&](int32_t g) -> Group& { return groups[slot_of(g)]; };
   const int64_t whole[2] = {0, n};
   if (long_runs && chunked) {
