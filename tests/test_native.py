@@ -362,6 +362,24 @@ def test_the_normalize_kernel_equals_the_segment_sums_bit_for_bit(std, singleton
     np.testing.assert_array_equal(actual, expected)
 
 
+@pytest.mark.parametrize("std", ["unbiased", "none"])
+def test_the_normalize_kernel_scales_groups_of_extreme_magnitude_as_xla_does(std):
+    from stepcredit.advantages.group import _xla_normalize
+
+    magnitudes = np.array([0.0, 1e-45, 1e-40, 1.1754942e-38, 1e-30, 1.0, 1e30, 3e38, np.inf],
+                          np.float32)
+    rng = np.random.default_rng(3)
+    values = (magnitudes[:, None] * rng.choice([-1.0, -0.5, 0.25, 1.0], (9, 40))).astype(
+        np.float32)
+    ids = np.broadcast_to(np.arange(9)[:, None], values.shape).astype(np.int32)
+    for layout in (lambda x: x, lambda x: x.T):  # runs, and ids that change every element
+        kwargs = dict(num_groups=9, std=std, eps=1e-6, singleton="zero")
+        args = [np.ascontiguousarray(layout(x)) for x in (values, ids, np.ones(values.shape, bool))]
+        expected = jax.jit(functools.partial(_xla_normalize, axis_name=None, **kwargs))(*args)
+        actual = jax.jit(functools.partial(native.group_normalize, **kwargs))(*args)
+        np.testing.assert_array_equal(actual, expected)
+
+
 def test_the_normalize_kernel_keeps_a_nan_in_its_group_and_clamps_out_of_range_ids():
     from stepcredit.advantages.group import _xla_normalize
 
