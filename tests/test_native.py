@@ -339,7 +339,8 @@ def normalize_inputs(shape=(64, 9), num_groups=11, seed=0):
 
 @pytest.mark.parametrize("std", ["unbiased", "biased", "none", "leave_one_out"])
 @pytest.mark.parametrize("singleton", ["zero", "raw"])
-@pytest.mark.parametrize("layout", ["random", "sorted", "rows", "anchors", "singletons"])
+@pytest.mark.parametrize("layout", ["random", "sorted", "rows", "anchors", "padded",
+                                    "singletons", "invalid"])
 def test_the_normalize_kernel_equals_the_segment_sums_bit_for_bit(std, singleton, layout):
     from stepcredit.advantages.group import _xla_normalize
 
@@ -352,8 +353,13 @@ def test_the_normalize_kernel_equals_the_segment_sums_bit_for_bit(std, singleton
     if layout == "anchors":  # GiGPO's step groups: a few anchors in each block of 8 rows,
         # an id change at almost every element (reordered group by group, then chunked)
         ids = ((np.arange(ids.shape[0]) // 8)[:, None] * 3 + ids % 3).astype(np.int32)
+    if layout == "padded":  # the same, half the rows padding: groups with no valid member
+        ids = ((np.arange(ids.shape[0]) // 8)[:, None] * 3 + ids % 3).astype(np.int32)
+        valid = valid & (np.arange(ids.shape[0]) % 16 < 8)[:, None]
     if layout == "singletons":  # mostly one member per group: summed in place
         ids = np.random.default_rng(1).permutation(ids.size).reshape(ids.shape).astype(np.int32)
+    if layout == "invalid":
+        valid = np.zeros_like(valid)
     num_groups = int(ids.max()) + 2  # one group that holds nothing
     kwargs = dict(num_groups=num_groups, std=std, eps=1e-6, singleton=singleton)
     expected = jax.jit(functools.partial(_xla_normalize, axis_name=None, **kwargs))(values, ids,

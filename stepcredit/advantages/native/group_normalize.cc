@@ -417,10 +417,11 @@ void Output(const float* v, const uint8_t* valid, int64_t begin, int64_t end, fl
 }
 
 // Group normalisation of n >= 1 elements in the order given: long runs of equal ids
-// keep their group in registers, short ones accumulate into memory.
+// keep their group in registers, short ones accumulate into memory. `grouped`: each
+// group is one run (however short), which the run path sums faster.
 void NormalizeInOrder(const float* v, const int32_t* id, const uint8_t* valid, int64_t n,
                       int64_t num_groups, int32_t std_mode, float eps, float one_plus_eps,
-                      bool singleton_raw, float* result) {
+                      bool singleton_raw, bool grouped, float* result) {
   struct Buffers {
     std::vector<Group> groups;
     std::vector<Run> runs;
@@ -443,7 +444,7 @@ void NormalizeInOrder(const float* v, const int32_t* id, const uint8_t* valid, i
   for (int64_t i = 1; i < n; ++i) num_runs += id[i] != id[i - 1];
   // Long runs keep their group in registers; short ones (ids that change at
   // nearly every element) accumulate into memory directly.
-  const bool long_runs = n >= 4 * num_runs;
+  const bool long_runs = grouped || n >= 4 * num_runs;
   // Count, extremes and scale, and where each group's last element is.
   runs.clear();
   touched.clear();
@@ -556,24 +557,32 @@ void NormalizeInOrder(const float* v, const int32_t* id, const uint8_t* valid, i
 }
 
 // Group normalisation, ids that change at almost every element included. Where
-// the ids change at nearly every element but each group has several members,
-// the elements are first reordered group by group, stably (a counting sort), so
-// that each group is one run whose sums keep their element order; the result is
-// read back in the original order.
+// the ids change at nearly every element but each group has several valid
+// members, the valid elements are first reordered group by group, stably (a
+// counting sort), so that each group is one run whose sums keep their element
+// order; the result is read back in the original order, 0 at invalid elements.
+// Leaving the invalid elements out changes no sum: they add +0, which leaves a
+// partial sum as it is unless it is -0, and a sum of -0 terms only is a group
+// whose valid values all equal -0, which gives 0 either way.
+// The fewest valid members per group, on average, for which reordering pays: below
+// it (mostly singletons) the elements add into their groups in place.
+constexpr int64_t kGroupedMembers = 2;
+
 void Normalize(const float* v, const int32_t* id, const uint8_t* valid, int64_t n,
                int64_t num_groups, int32_t std_mode, float eps, float one_plus_eps,
                bool singleton_raw, float* result) {
   if (n == 0) return;
-  auto normalize = [&](const float* v, const int32_t* id, const uint8_t* valid, float* out) {
+  auto normalize = [&](const float* v, const int32_t* id, const uint8_t* valid, int64_t n,
+                       bool grouped, float* out) {
     NormalizeInOrder(v, id, valid, n, num_groups, std_mode, eps, one_plus_eps, singleton_raw,
-                     out);
+                     grouped, out);
   };
   int64_t num_runs = 1;
   for (int64_t i = 1; i < n; ++i) num_runs += id[i] != id[i - 1];
-  if (n >= 4 * num_runs) return normalize(v, id, valid, result);
+  if (n >= 4 * num_runs) return normalize(v, id, valid, n, false, result);
   struct Buffers {
-    // Per slot: the call that last met it, then its members' count, then the
-    // position of its next member in the grouped order.
+    // Per slot: the call that last met it, then its valid members' count, then the
+    // position of its next valid member in the grouped order.
     std::vector<uint64_t> met_in;
     std::vector<int32_t> cursor, met, place, grouped_ids;
     std::vector<float> grouped_values, grouped_result;
@@ -593,7 +602,9 @@ void Normalize(const float* v, const int32_t* id, const uint8_t* valid, int64_t 
     return g >= 0 && g < num_groups ? g : static_cast<int32_t>(num_groups);
   };
   met.clear();
+  int64_t members = 0;
   for (int64_t i = 0; i < n; ++i) {
+    if (!valid[i]) continue;
     const int32_t slot = slot_of(id[i]);
     if (__builtin_expect(met_in[slot] != epoch, 0)) {
       met_in[slot] = epoch;
@@ -601,26 +612,36 @@ void Normalize(const float* v, const int32_t* id, const uint8_t* valid, int64_t 
       met.push_back(slot);
     }
     ++cursor[slot];
+    ++members;
   }
-  if (n < 4 * static_cast<int64_t>(met.size())) return normalize(v, id, valid, result);
+  if (members < kGroupedMembers * static_cast<int64_t>(met.size())) {
+    return normalize(v, id, valid, n, false, result);
+  }
   int32_t position = 0;
   for (int32_t slot : met) position += std::exchange(cursor[slot], position);
-  for (auto* buffer : {&kept.place, &kept.grouped_ids}) buffer->resize(n);
-  for (auto* buffer : {&kept.grouped_values, &kept.grouped_result}) buffer->resize(n);
-  kept.grouped_valid.resize(n);
+  // One more slot, holding 0, that the invalid elements read back.
+  for (auto* buffer : {&kept.place, &kept.grouped_ids}) buffer->resize(n + 1);
+  for (auto* buffer : {&kept.grouped_values, &kept.grouped_result}) buffer->resize(n + 1);
+  kept.grouped_valid.assign(members, 1);
   int32_t* const place = kept.place.data();
   int32_t* const grouped_ids = kept.grouped_ids.data();
   float* const grouped_values = kept.grouped_values.data();
   float* const grouped_result = kept.grouped_result.data();
-  uint8_t* const grouped_valid = kept.grouped_valid.data();
   for (int64_t i = 0; i < n; ++i) {
+    if (!valid[i]) {
+      place[i] = static_cast<int32_t>(members);
+      continue;
+    }
     const int32_t at = cursor[slot_of(id[i])]++;
     place[i] = at;
     grouped_values[at] = v[i];
     grouped_ids[at] = id[i];
-    grouped_valid[at] = valid[i];
   }
-  normalize(grouped_values, grouped_ids, grouped_valid, grouped_result);
+  if (members > 0) {
+    normalize(grouped_values, grouped_ids, kept.grouped_valid.data(), members, true,
+              grouped_result);
+  }
+  grouped_result[members] = 0.0f;
   for (int64_t i = 0; i < n; ++i) result[i] = grouped_result[place[i]];
 }
 
