@@ -128,6 +128,25 @@ class Learner:
             grads = jax.tree.map(jnp.add, grads, chunk_grads)
         return grads
 
+    def _row_contributions(self, params, rows: StepRowBatch) -> jax.Array:
+        """The progress estimator's `[R]` row contributions (`progress.row_contributions`),
+        computed a chunk of rows at a time."""
+        values = np.zeros(rows.tokens.shape[0], np.float32)
+        for chunk, tokens, mask, _ in self._chunks(rows):
+            values[chunk] = np.asarray(progress.row_values(params, tokens, mask,
+                                                           graphdef=self.parts.graphdef))
+        return jnp.asarray(values)
+
+    def _row_gradient(self, params, rows: StepRowBatch, weights: np.ndarray):
+        """The gradient in `params` of sum_r weights[r] c_r, accumulated over the chunks
+        (`progress.weighted_row_gradient`)."""
+        grads = jax.tree.map(jnp.zeros_like, params)
+        for chunk, tokens, mask, _ in self._chunks(rows):
+            chunk_grads = progress.row_gradient(params, tokens, mask, weights[chunk],
+                                                graphdef=self.parts.graphdef)
+            grads = jax.tree.map(jnp.add, grads, chunk_grads)
+        return grads
+
     def update_prm(self, state: TrainState, rows: StepRowBatch, index: RowIndex, tokens, steps,
                    shape, ref_logp: jax.Array) -> tuple[TrainState, jax.Array, dict[str, float]]:
         """One preference-loss step on the implicit PRM (iStar), against pi_old's `[B, N]`
@@ -169,6 +188,10 @@ class Learner:
                         ) -> tuple[TrainState, dict, dict[str, float]]:
         """`progress_steps` optimizer steps of SPA's progress estimator on the batch.
 
+        The loss's gradient in the rows' contributions is taken on the whole batch, then
+        carried into the estimator a chunk of rows at a time (`_row_gradient`): the same
+        gradient as one pass over the batch, in the memory of one chunk.
+
         Returns the new state, the credit inputs `progress` (`[B, T]`
         contributions after the steps, the paper's order: the estimator is
         trained, then annotates) and `grounding`, and metrics: the loss before
@@ -182,13 +205,16 @@ class Learner:
             step_mask=jnp.asarray(steps.mask), outcomes=jnp.asarray(steps.score))
         params, opt_state, losses = state.progress, state.progress_opt, []
         for _ in range(self.config.progress_steps):
-            loss, grads = progress.loss_and_grad(params, batch, graphdef=self.parts.graphdef)
+            loss, upstream = progress.row_loss_and_grad(self._row_contributions(params, rows),
+                                                        batch)
+            grads = self._row_gradient(params, rows, np.asarray(upstream))
             if self.multiprocess:
                 grads = mean_over_processes(grads)
             params, opt_state = progress.apply_gradient(params, opt_state, grads,
                                                         tx=self.parts.progress_tx)
             losses.append(float(loss))
-        contributions = progress.contributions(params, batch, graphdef=self.parts.graphdef)
+        contributions = progress.contributions_of_rows(self._row_contributions(params, rows),
+                                                       batch)
         after = float(adv.progress_loss(contributions, batch.step_mask, batch.outcomes))
         inputs = {"progress": contributions,
                   "grounding": progress.grounding_signal(trajectories, steps.mask.shape[1])}

@@ -10,7 +10,8 @@ starts as a copy of the policy, as the authors' estimator starts from their
 SFT agent), and c_t is its scalar value head at the last action token of step
 t's row (the step's prompt, history included, then its action), the state
 after the action. `step_contributions` reads them into the `[B, T]` step
-view, `progress_step` takes one optimizer step on the loss, and
+view, `progress_step` takes one optimizer step on the loss (the learner takes
+it a chunk of rows at a time, by `weighted_row_gradient`), and
 `grounding_signal` reads g_t, whether the environment executed each action,
 from the trajectories. The learner (`Learner.update_progress`) and the
 diagnosis (`stepcredit.diagnose.progress`) both train E with these.
@@ -67,20 +68,31 @@ class ProgressBatch(NamedTuple):
     outcomes: jax.Array
 
 
-def step_contributions(params, batch: ProgressBatch, *, graphdef: nnx.GraphDef) -> jax.Array:
-    """`[B, T]` contributions c_t: the value head at the last token of each step's row.
-
-    A row's last real token is its action's last (rows are prompt then action,
-    right-padded); its head output is scattered to that token's place in the
-    token view and summed per step, so c_t is 0 on padding steps.
-    """
+def row_contributions(params, tokens: jax.Array, mask: jax.Array, *,
+                      graphdef: nnx.GraphDef) -> jax.Array:
+    """`[R]` each step row's contribution: the value head at the row's last real token, its
+    action's last (rows are prompt then action, right-padded)."""
     model = nnx.merge(graphdef, params)
+    last = jnp.maximum(mask.sum(axis=1) - 1, 0)
+    _, values = model.hidden_at(tokens, mask, last[:, None])
+    return values[:, 0]
+
+
+def contributions_from_rows(row_values: jax.Array, batch: ProgressBatch) -> jax.Array:
+    """`[B, T]` contributions c_t from the rows' `[R]` values: each is scattered to its
+    row's last token in the token view and summed per step, so c_t is 0 on padding steps."""
     last = jnp.maximum(batch.mask.sum(axis=1) - 1, 0)
-    _, values = model.hidden_at(batch.tokens, batch.mask, last[:, None])
     at_last = batch.action_mask & (jnp.arange(batch.tokens.shape[1])[None, :] == last[:, None])
-    view = tokens_from_rows(jnp.where(at_last, values, 0.0), RowIndex(batch.index_b, batch.index_n),
-                            at_last, batch.step_index.shape)
+    view = tokens_from_rows(jnp.where(at_last, row_values[:, None], 0.0),
+                            RowIndex(batch.index_b, batch.index_n), at_last,
+                            batch.step_index.shape)
     return adv.step_rewards_from_tokens(view, batch.step_index, batch.step_mask.shape[1])
+
+
+def step_contributions(params, batch: ProgressBatch, *, graphdef: nnx.GraphDef) -> jax.Array:
+    """`[B, T]` contributions c_t: the value head at the last token of each step's row."""
+    return contributions_from_rows(
+        row_contributions(params, batch.tokens, batch.mask, graphdef=graphdef), batch)
 
 
 def _loss(params, batch: ProgressBatch, graphdef: nnx.GraphDef) -> jax.Array:
@@ -88,8 +100,29 @@ def _loss(params, batch: ProgressBatch, graphdef: nnx.GraphDef) -> jax.Array:
                              batch.step_mask, batch.outcomes)
 
 
+def _loss_of_rows(row_values: jax.Array, batch: ProgressBatch) -> jax.Array:
+    return adv.progress_loss(contributions_from_rows(row_values, batch), batch.step_mask,
+                             batch.outcomes)
+
+
+def weighted_row_gradient(params, tokens: jax.Array, mask: jax.Array, weights: jax.Array, *,
+                          graphdef: nnx.GraphDef):
+    """The gradient in `params` of sum_r w_r c_r over `[R]` rows (weights `[R]`).
+
+    With w the gradient of the progress loss in the rows' contributions (`row_loss_and_grad`),
+    this is the loss's gradient (the chain rule), so the loss, which ties each trajectory's
+    steps together, is differentiated a chunk of rows at a time and the chunks' gradients
+    summed, without the whole batch's activations at once."""
+    return jax.grad(lambda p: jnp.sum(weights * row_contributions(p, tokens, mask,
+                                                                  graphdef=graphdef)))(params)
+
+
 contributions = jax.jit(step_contributions, static_argnames=("graphdef",))
 loss_and_grad = jax.jit(jax.value_and_grad(_loss), static_argnames=("graphdef",))
+row_values = jax.jit(row_contributions, static_argnames=("graphdef",))
+row_loss_and_grad = jax.jit(jax.value_and_grad(_loss_of_rows))
+row_gradient = jax.jit(weighted_row_gradient, static_argnames=("graphdef",))
+contributions_of_rows = jax.jit(contributions_from_rows)
 
 
 @functools.partial(jax.jit, static_argnames=("tx",))

@@ -242,7 +242,8 @@ def test_expert_warm_start_lowers_the_supervised_loss(tmp_path):
 
 def _rolled_out(tmp_path, **fields) -> tuple[Trainer, step_rows.StepRowBatch]:
     """A tiny HotpotQA trainer (4-row minibatches, 320-token prompts; `fields` override its
-    configuration) and the step rows of one rollout of its untrained policy."""
+    configuration) and the step rows of one rollout of its untrained policy (the rollout's
+    trajectories and the rows' index in `trainer.rolled_out`)."""
     config = TrainConfig(**{"env": "hotpotqa", "iterations": 1, "tasks_per_iteration": 2,
                             "group_size": 2, "max_steps": 3, "d_model": 32, "num_layers": 1,
                             "minibatch_rows": 4, "epochs": 1, "logdir": str(tmp_path),
@@ -251,8 +252,10 @@ def _rolled_out(tmp_path, **fields) -> tuple[Trainer, step_rows.StepRowBatch]:
     trainer = Trainer(config, log=lambda _: None)
     rollout = trainer.collector.rollout(trainer.state.policy, trainer.collector.tasks(0),
                                         jax.random.key(1), 3)
-    rows, _ = build_rows(rollout.trajectories, num_steps=3, row_length=trainer.learner.row_length,
-                         pad_id=trainer.tokenizer.special.pad, multiple=4)
+    rows, index = build_rows(rollout.trajectories, num_steps=3,
+                             row_length=trainer.learner.row_length,
+                             pad_id=trainer.tokenizer.special.pad, multiple=4)
+    trainer.rolled_out = (rollout.trajectories, index)
     return trainer, rows
 
 
@@ -294,6 +297,42 @@ def test_prm_gradient_by_chunks_equals_the_whole_batch_gradient(tmp_path, monkey
 
     expected = jax.grad(whole)(trainer.state.prm)
     assert max(float(np.abs(g).max()) for g in jax.tree.leaves(expected)) > 1e-3
+    for got, want in zip(jax.tree.leaves(chunked), jax.tree.leaves(expected)):
+        # Summed in another order: equal up to float rounding at the leaf's own scale.
+        np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-4,
+                                   atol=1e-4 * float(np.abs(want).max()))
+
+
+def test_progress_gradient_by_chunks_equals_the_whole_batch_gradient(tmp_path, monkeypatch):
+    # SPA's progress loss ties each trajectory's steps together; its gradient is carried
+    # into the estimator a chunk of rows at a time, and must equal one pass over the batch.
+    from stepcredit.batch import collate
+    from stepcredit.train import progress
+
+    monkeypatch.setattr(step_rows, "ROW_WIDTH_QUANTUM", 32)
+    trainer, rows = _rolled_out(tmp_path, estimator="spa")
+    trajectories, index = trainer.rolled_out
+    assert len(length_groups(rows.mask.sum(1), 4, limit=rows.tokens.shape[1])) > 1
+    steps, tokens, _ = collate(trajectories, max_steps=3,
+                               max_tokens=3 * trainer.config.rollout.action_length,
+                               with_observations=False)
+    batch = progress.ProgressBatch(
+        tokens=rows.tokens, mask=rows.mask, action_mask=rows.action_mask, index_b=index.b,
+        index_n=index.n, step_index=tokens.step_index, step_mask=steps.mask,
+        outcomes=np.asarray(steps.score, np.float32) + 1.0)  # a loss that moves every weight
+    # A non-zero value head (it starts at zero), so that the body's weights have gradients.
+    params = jax.tree_util.tree_map_with_path(
+        lambda path, x: (jax.random.normal(jax.random.key(1), x.shape) * 0.5
+                         if "value_head" in jax.tree_util.keystr(path) else x),
+        trainer.state.progress)
+    whole_loss, expected = progress.loss_and_grad(params, batch, graphdef=trainer.graphdef)
+    values = trainer.learner._row_contributions(params, rows)
+    loss, upstream = progress.row_loss_and_grad(values, batch)
+    np.testing.assert_allclose(float(loss), float(whole_loss), rtol=1e-5)
+    chunked = trainer.learner._row_gradient(params, rows, np.asarray(upstream))
+    moved = [jax.tree_util.keystr(path) for path, g in jax.tree_util.tree_leaves_with_path(expected)
+             if float(np.abs(g).max()) > 1e-4]
+    assert any("value_head" in p for p in moved) and any("value_head" not in p for p in moved)
     for got, want in zip(jax.tree.leaves(chunked), jax.tree.leaves(expected)):
         # Summed in another order: equal up to float rounding at the leaf's own scale.
         np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-4,
