@@ -107,7 +107,7 @@ def _dense_ids(fn: str, group_ids, num_groups: int | None, axis_name: str | None
     """`dense_group_ids` for the estimators, which only need to know which elements share
     a group: unless `ranked`, on one CPU device with ids of at most 32 bits the groups are
     numbered in the order of their first element by the compiled hash table
-    (`native.pair_ids`), not ranked by a sort (about 0.2 ms for B = 4096)."""
+    (`native.pair_ids`), not ranked by a sort (0.01 ms against 0.4 ms for B = 4096)."""
     group_ids = _checks.int_array(fn, "group_ids", group_ids)
     if num_groups is not None:
         _check_num_groups(fn, num_groups)
