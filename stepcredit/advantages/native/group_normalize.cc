@@ -17,9 +17,10 @@
 //            invalid elements.
 //
 // Ids that change at nearly every element, in groups of several members (GiGPO's
-// step groups: a few anchors per trajectory), are first reordered group by group
-// by a stable counting sort, so that each group's members are contiguous and
-// their sums keep their order; the result is read back in the original order.
+// step groups: a few anchors per trajectory), have their valid elements first
+// reordered group by group by a stable counting sort, so that each group's
+// members are contiguous and their sums keep their order; the result is read
+// back in the original order.
 //
 // XLA:CPU computes these statistics with six scatters and as many gathers over
 // the B x T elements, each several times the cost of reading them. The sums
@@ -418,7 +419,7 @@ void Output(const float* v, const uint8_t* valid, int64_t begin, int64_t end, fl
 
 // Group normalisation of n >= 1 elements in the order given: long runs of equal ids
 // keep their group in registers, short ones accumulate into memory. `grouped`: each
-// group is one run (however short), which the run path sums faster.
+// group's members are contiguous (however few), which the run path sums faster.
 void NormalizeInOrder(const float* v, const int32_t* id, const uint8_t* valid, int64_t n,
                       int64_t num_groups, int32_t std_mode, float eps, float one_plus_eps,
                       bool singleton_raw, bool grouped, float* result) {
@@ -556,6 +557,10 @@ void NormalizeInOrder(const float* v, const int32_t* id, const uint8_t* valid, i
   }
 }
 
+// The fewest valid members per group, on average, for which reordering pays: below
+// it (mostly singletons) the elements add into their groups in place.
+constexpr int64_t kGroupedMembers = 2;
+
 // Group normalisation, ids that change at almost every element included. Where
 // the ids change at nearly every element but each group has several valid
 // members, the valid elements are first reordered group by group, stably (a
@@ -564,10 +569,6 @@ void NormalizeInOrder(const float* v, const int32_t* id, const uint8_t* valid, i
 // Leaving the invalid elements out changes no sum: they add +0, which leaves a
 // partial sum as it is unless it is -0, and a sum of -0 terms only is a group
 // whose valid values all equal -0, which gives 0 either way.
-// The fewest valid members per group, on average, for which reordering pays: below
-// it (mostly singletons) the elements add into their groups in place.
-constexpr int64_t kGroupedMembers = 2;
-
 void Normalize(const float* v, const int32_t* id, const uint8_t* valid, int64_t n,
                int64_t num_groups, int32_t std_mode, float eps, float one_plus_eps,
                bool singleton_raw, float* result) {
