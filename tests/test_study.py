@@ -5,6 +5,7 @@ import glob
 import json
 import math
 import os
+import shutil
 import statistics
 
 import numpy as np
@@ -264,15 +265,19 @@ def test_reuse_copies_only_finished_runs_of_the_same_configuration(tmp_path):
     finished("hotpotqa-GRPO-s2", status=records.FAILED)
     finished("hotpotqa-StepPO-s0")
     os.makedirs(records.run_dir(out, "hotpotqa-StepPO-s0"))  # interrupted here: resumed
+    finished("hotpotqa-StepPO-s1")
+    shutil.rmtree(records.run_dir(source, "hotpotqa-StepPO-s1"))  # its record alone
 
-    assert sweep.reuse_runs(study, out, source) == ("hotpotqa-GRPO-s0",)
+    assert sweep.reuse_runs(study, out, source) == ("hotpotqa-GRPO-s0", "hotpotqa-StepPO-s1")
     copied = records.read_record(out, "hotpotqa-GRPO-s0")
     assert copied["reused_from"] == source and copied["status"] == records.DONE
     assert json.loads(copied["config"])["logdir"] == os.path.abspath(
         records.run_dir(out, "hotpotqa-GRPO-s0"))
     assert sorted(os.listdir(records.run_dir(out, "hotpotqa-GRPO-s0"))) == ["metrics.jsonl"]
     assert os.listdir(records.run_dir(out, "hotpotqa-StepPO-s0")) == []
-    assert os.listdir(os.path.join(out, "records")) == ["hotpotqa-GRPO-s0.json"]
+    assert sorted(os.listdir(os.path.join(out, "records"))) == ["hotpotqa-GRPO-s0.json",
+                                                                 "hotpotqa-StepPO-s1.json"]
+    assert not os.path.exists(records.run_dir(out, "hotpotqa-StepPO-s1"))
     assert sweep.reuse_runs(study, out, source) == ()
 
 

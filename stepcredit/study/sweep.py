@@ -174,11 +174,12 @@ def reuse_runs(study: Study, out: str, source: str) -> tuple[str, ...]:
         config = run_config(run, os.path.abspath(out))
         if TrainConfig.from_json(held["config"]).differences(config, ignore=("logdir",)):
             continue
-        partial = target + ".partial"
-        shutil.rmtree(partial, ignore_errors=True)
-        shutil.copytree(run_dir(source, run.run_id), partial,
-                        ignore=shutil.ignore_patterns("checkpoints"))
-        os.rename(partial, target)
+        if os.path.isdir(run_dir(source, run.run_id)):  # a record alone is a finished run too
+            partial = target + ".partial"
+            shutil.rmtree(partial, ignore_errors=True)
+            shutil.copytree(run_dir(source, run.run_id), partial,
+                            ignore=shutil.ignore_patterns("checkpoints"))
+            os.rename(partial, target)
         write_record(out, {**held, "config": config.to_json(), "reused_from": source})
         copied.append(run.run_id)
     return tuple(copied)
