@@ -240,10 +240,10 @@ def test_expert_warm_start_lowers_the_supervised_loss(tmp_path):
     assert metrics["warm_start/demonstration_rows"] == rows.valid.sum()
 
 
-def _rolled_out(tmp_path, **fields) -> tuple[Trainer, step_rows.StepRowBatch]:
+def _rolled_out(tmp_path, **fields):
     """A tiny HotpotQA trainer (4-row minibatches, 320-token prompts; `fields` override its
-    configuration) and the step rows of one rollout of its untrained policy (the rollout's
-    trajectories and the rows' index in `trainer.rolled_out`)."""
+    configuration), the step rows of one rollout of its untrained policy, the rollout's
+    trajectories and the rows' index."""
     config = TrainConfig(**{"env": "hotpotqa", "iterations": 1, "tasks_per_iteration": 2,
                             "group_size": 2, "max_steps": 3, "d_model": 32, "num_layers": 1,
                             "minibatch_rows": 4, "epochs": 1, "logdir": str(tmp_path),
@@ -255,15 +255,14 @@ def _rolled_out(tmp_path, **fields) -> tuple[Trainer, step_rows.StepRowBatch]:
     rows, index = build_rows(rollout.trajectories, num_steps=3,
                              row_length=trainer.learner.row_length,
                              pad_id=trainer.tokenizer.special.pad, multiple=4)
-    trainer.rolled_out = (rollout.trajectories, index)
-    return trainer, rows
+    return trainer, rows, rollout.trajectories, index
 
 
 def test_scoring_in_length_groups_equals_scoring_full_width_rows(tmp_path, monkeypatch):
     # This task's rows (86 to 121 tokens) fall in one width at the default quantum; any
     # quantum must give the same scores.
     monkeypatch.setattr(step_rows, "ROW_WIDTH_QUANTUM", 32)
-    trainer, rows = _rolled_out(tmp_path)
+    trainer, rows, *_ = _rolled_out(tmp_path)
     widths = {w for _, w in length_groups(rows.mask.sum(1), 4, limit=rows.tokens.shape[1])}
     assert len(widths) > 1, "the rows should differ enough in length to be cut differently"
     grouped = trainer.learner.score(trainer.state.policy, rows)
@@ -281,7 +280,7 @@ def test_prm_gradient_by_chunks_equals_the_whole_batch_gradient(tmp_path, monkey
     # iStar's preference loss ties a group's rows together; its gradient is carried into the
     # PRM a chunk of rows at a time, and must equal one pass over the whole batch.
     monkeypatch.setattr(step_rows, "ROW_WIDTH_QUANTUM", 32)
-    trainer, rows = _rolled_out(tmp_path, estimator="rloo+istar")
+    trainer, rows, *_ = _rolled_out(tmp_path, estimator="rloo+istar")
     assert len(length_groups(rows.mask.sum(1), 4, limit=rows.tokens.shape[1])) > 1
     weights = np.where(rows.action_mask,
                        np.random.default_rng(0).normal(size=rows.action_mask.shape), 0.0
@@ -310,8 +309,7 @@ def test_progress_gradient_by_chunks_equals_the_whole_batch_gradient(tmp_path, m
     from stepcredit.train import progress
 
     monkeypatch.setattr(step_rows, "ROW_WIDTH_QUANTUM", 32)
-    trainer, rows = _rolled_out(tmp_path, estimator="spa")
-    trajectories, index = trainer.rolled_out
+    trainer, rows, trajectories, index = _rolled_out(tmp_path, estimator="spa")
     assert len(length_groups(rows.mask.sum(1), 4, limit=rows.tokens.shape[1])) > 1
     steps, tokens, _ = collate(trajectories, max_steps=3,
                                max_tokens=3 * trainer.config.rollout.action_length,
