@@ -417,12 +417,12 @@ void Output(const float* v, const uint8_t* valid, int64_t begin, int64_t end, fl
   for (; i < end; ++i) out[i] = Keep(valid[i], (v[i] - shift) * times / by);
 }
 
-// Group normalisation of n >= 1 elements in the order given: long runs of equal ids
-// keep their group in registers, short ones accumulate into memory. `grouped`: each
-// group's members are contiguous (however few), which the run path sums faster.
+// Group normalisation of n >= 1 elements in the order given. With `long_runs` (runs of
+// equal ids are long, or each group's members are contiguous however few) a run keeps
+// its group in registers; without, each element accumulates into memory.
 void NormalizeInOrder(const float* v, const int32_t* id, const uint8_t* valid, int64_t n,
                       int64_t num_groups, int32_t std_mode, float eps, float one_plus_eps,
-                      bool singleton_raw, bool grouped, float* result) {
+                      bool singleton_raw, bool long_runs, float* result) {
   struct Buffers {
     std::vector<Group> groups;
     std::vector<Run> runs;
@@ -441,11 +441,6 @@ void NormalizeInOrder(const float* v, const int32_t* id, const uint8_t* valid, i
   auto slot_of = [&](int32_t g) {
     return g >= 0 && g < num_groups ? g : static_cast<int32_t>(num_groups);
   };
-  int64_t num_runs = 1;
-  for (int64_t i = 1; i < n; ++i) num_runs += id[i] != id[i - 1];
-  // Long runs keep their group in registers; short ones (ids that change at
-  // nearly every element) accumulate into memory directly.
-  const bool long_runs = grouped || n >= 4 * num_runs;
   // Count, extremes and scale, and where each group's last element is.
   runs.clear();
   touched.clear();
@@ -574,13 +569,13 @@ void Normalize(const float* v, const int32_t* id, const uint8_t* valid, int64_t 
                bool singleton_raw, float* result) {
   if (n == 0) return;
   auto normalize = [&](const float* v, const int32_t* id, const uint8_t* valid, int64_t n,
-                       bool grouped, float* out) {
+                       bool long_runs, float* out) {
     NormalizeInOrder(v, id, valid, n, num_groups, std_mode, eps, one_plus_eps, singleton_raw,
-                     grouped, out);
+                     long_runs, out);
   };
   int64_t num_runs = 1;
   for (int64_t i = 1; i < n; ++i) num_runs += id[i] != id[i - 1];
-  if (n >= 4 * num_runs) return normalize(v, id, valid, n, false, result);
+  if (n >= 4 * num_runs) return normalize(v, id, valid, n, true, result);
   struct Buffers {
     // Per slot: the call that last met it, then its valid members' count, then the
     // position of its next valid member in the grouped order.
