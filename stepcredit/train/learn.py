@@ -119,13 +119,19 @@ class Learner:
     def _weighted_gradient(self, params, rows: StepRowBatch, weights: np.ndarray):
         """The gradient in `params` of sum(weights * log-probs) over `rows`' action tokens,
         accumulated over the scoring's chunks (`update.weighted_logprob_gradient`)."""
+        temperature = jnp.float32(self.config.loss.temperature)
+        return self._summed_over_chunks(
+            params, rows, lambda chunk, tokens, mask, action_mask:
+            update.weighted_logprob_gradient(params, tokens, mask, action_mask,
+                                             weights[chunk, :tokens.shape[1]], temperature,
+                                             **self._scoring_options(tokens, mask, action_mask)))
+
+    def _summed_over_chunks(self, params, rows: StepRowBatch, chunk_gradient):
+        """The sum over `_chunks(rows)` of `chunk_gradient(chunk, tokens, mask, action_mask)`,
+        a tree shaped like `params`."""
         grads = jax.tree.map(jnp.zeros_like, params)
-        for chunk, tokens, mask, action_mask in self._chunks(rows):
-            chunk_grads = update.weighted_logprob_gradient(
-                params, tokens, mask, action_mask, weights[chunk, :tokens.shape[1]],
-                jnp.float32(self.config.loss.temperature),
-                **self._scoring_options(tokens, mask, action_mask))
-            grads = jax.tree.map(jnp.add, grads, chunk_grads)
+        for chunk in self._chunks(rows):
+            grads = jax.tree.map(jnp.add, grads, chunk_gradient(*chunk))
         return grads
 
     def _row_contributions(self, params, rows: StepRowBatch) -> jax.Array:
@@ -140,12 +146,9 @@ class Learner:
     def _row_gradient(self, params, rows: StepRowBatch, weights: np.ndarray):
         """The gradient in `params` of sum_r weights[r] c_r, accumulated over the chunks
         (`progress.weighted_row_gradient`)."""
-        grads = jax.tree.map(jnp.zeros_like, params)
-        for chunk, tokens, mask, _ in self._chunks(rows):
-            chunk_grads = progress.row_gradient(params, tokens, mask, weights[chunk],
-                                                graphdef=self.parts.graphdef)
-            grads = jax.tree.map(jnp.add, grads, chunk_grads)
-        return grads
+        return self._summed_over_chunks(
+            params, rows, lambda chunk, tokens, mask, _: progress.row_gradient(
+                params, tokens, mask, weights[chunk], graphdef=self.parts.graphdef))
 
     def update_prm(self, state: TrainState, rows: StepRowBatch, index: RowIndex, tokens, steps,
                    shape, ref_logp: jax.Array) -> tuple[TrainState, jax.Array, dict[str, float]]:
