@@ -6,6 +6,7 @@ bit for bit.
 """
 
 import functools
+import importlib
 import os
 import warnings
 
@@ -473,3 +474,69 @@ def test_the_token_kernels_equal_the_gather_and_the_scatter_with_their_gradients
     sums = functools.partial(tokens.step_rewards_from_tokens, num_steps=5)
     assert native._STEP_SUMS_TARGET not in exported_text(sums, "cuda", native._STEP_SUMS_TARGET,
                                                          token_values, step_index)
+
+
+def empg_inputs(batch=13, steps=7, seed=0, per_row=False):
+    """Rows with holes, an empty row, NaN at invalid steps; B x T not a multiple of 8."""
+    rng = np.random.default_rng(seed)
+    mask = rng.random((batch, steps)) < 0.7
+    mask[0] = False
+    entropy = np.where(mask, rng.uniform(0.0, 4.0, (batch, steps)), np.nan).astype(np.float32)
+    shape = (batch,) if per_row else (batch, steps)
+    advantages = rng.normal(size=shape).astype(np.float32)
+    if not per_row:
+        advantages = np.where(mask, advantages, np.nan).astype(np.float32)
+    return advantages, entropy, mask
+
+
+@pytest.mark.parametrize("per_row", [False, True])
+@pytest.mark.parametrize("center", [True, False])
+def test_the_empg_kernel_equals_the_xla_computation(per_row, center):
+    empg_module = importlib.import_module("stepcredit.advantages.empg")  # not the function
+    for seed, (batch, steps) in enumerate([(13, 7), (4096, 16), (3, 1), (1, 33)]):
+        advantages, entropy, mask = empg_inputs(batch, steps, seed, per_row)
+        hyper = dict(k=0.5 + seed, k_future=2.0 - 0.3 * seed, zeta=0.05 * (seed + 1), eps=1e-8,
+                     center=center)
+        kernel = jax.jit(functools.partial(native.empg, **hyper))(advantages, entropy, mask)
+        xla = jax.jit(functools.partial(empg_module._xla_empg, axis_name=None, **hyper))(
+            advantages, entropy, mask)
+        np.testing.assert_allclose(kernel, xla, rtol=2e-6, atol=2e-6 * np.abs(xla).max())
+        assert np.all(np.asarray(kernel)[~mask] == 0.0)
+    batched = jax.vmap(functools.partial(native.empg, **hyper))(
+        np.stack([advantages, -advantages]), np.stack([entropy, entropy]), np.stack([mask, mask]))
+    np.testing.assert_allclose(batched[1], native.empg(-advantages, entropy, mask, **hyper),
+                               rtol=1e-6)
+
+
+def test_the_empg_kernel_keeps_a_nan_and_zeroes_an_empty_batch():
+    advantages, entropy, mask = empg_inputs()
+    hyper = dict(k=1.0, k_future=1.0, zeta=0.05, eps=1e-8, center=True)
+    entropy[mask.nonzero()[0][0], mask.nonzero()[1][0]] = np.nan
+    out = np.asarray(native.empg(advantages, entropy, mask, **hyper))
+    assert np.isnan(out[mask]).all() and np.all(out[~mask] == 0.0)
+    empty = native.empg(advantages, entropy, np.zeros_like(mask), **hyper)
+    np.testing.assert_array_equal(empty, np.zeros(mask.shape, np.float32))
+    # An exponent below float32's range gives 0, as exp does.
+    np.testing.assert_array_equal(
+        native.empg(np.ones(2, np.float32), np.array([[0.0, 1.0]] * 2, np.float32),
+                    np.ones((2, 2), bool), k=200.0, k_future=0.0, zeta=0.0, eps=0.0,
+                    center=False)[:, 1], [0.0, 0.0])
+
+
+def test_empg_uses_the_kernel_on_cpu_only_where_it_applies(monkeypatch, mesh4):
+    from stepcredit.advantages.empg import empg
+
+    advantages, entropy, mask = empg_inputs(8, 5)
+    target = native._EMPG_TARGET
+    call = lambda a, h: empg(a, h, mask)  # noqa: E731
+    assert target in exported_text(call, "cpu", target, advantages, entropy)
+    assert target not in exported_text(call, "cuda", target, advantages, entropy)
+    assert target not in lowered_text(lambda a, h, k: empg(a, h, mask, k=k), advantages, entropy,
+                                      1.0)  # k traced
+    sharded = jax.shard_map(lambda a, h, m: empg(a, h, m, axis_name="data"), mesh=mesh4,
+                            in_specs=P("data"), out_specs=P("data"))
+    assert target not in lowered_text(sharded, advantages, entropy, mask)
+    np.testing.assert_allclose(jax.jit(sharded)(advantages, entropy, mask),
+                               jax.jit(call)(advantages, entropy), rtol=1e-5, atol=1e-6)
+    monkeypatch.setattr(native, "build_error", lambda: "no compiler here")
+    assert target not in lowered_text(lambda a, h: empg(a, h, mask), advantages, entropy)

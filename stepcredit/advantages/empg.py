@@ -10,10 +10,12 @@ one a smaller share, and a step followed by a confident step earns a small
 
 from __future__ import annotations
 
+import functools
+
 import jax
 import jax.numpy as jnp
 
-from stepcredit.advantages import _checks
+from stepcredit.advantages import _checks, native
 from stepcredit.advantages import group as group_lib
 from stepcredit.advantages.recurrence import reverse_linear_recurrence
 
@@ -55,7 +57,6 @@ def _check_inputs(fn: str, advantages, entropy, mask):
     if advantages.ndim == 1:
         _checks.leading_dim(fn, entropy.shape[0], advantages=advantages)
         _checks.finite_where(fn, "advantages", advantages, jnp.any(mask, axis=1))
-        advantages = jnp.broadcast_to(advantages[:, None], entropy.shape)
     elif advantages.ndim == 2:
         _checks.same_shape(fn, "[B, T]", advantages=advantages, mask=mask)
         _checks.finite_where(fn, "advantages", advantages, mask)
@@ -123,6 +124,12 @@ def empg(advantages, entropy, mask, *, k: float = 1.0, k_future: float = 1.0, ze
       normalisation says "e.g. zero-mean" and divides by no std; whitening,
       if wanted, is the caller's (registry `whiten`).
 
+      On one device (no `axis_name`), for float32 arrays and hyperparameters
+      known when tracing, CPU runs the compiled kernel (`native.empg`: four
+      passes where XLA:CPU runs about twenty kernels), equal to the XLA
+      computation to float32 rounding; otherwise XLA computations. The
+      kernel has no derivative: the output is a policy-gradient target.
+
     Example (k = k_future = 1, zeta = 0.05): advantages [1, -1] per
     trajectory, entropy [[0, 1], [1, NaN]], mask [[T, T], [T, F]]: H~ is
     [[0, 1], [1, -]], g = [[1.72835, 0.63582], [0.63582, -]], the bonus
@@ -136,6 +143,26 @@ def empg(advantages, entropy, mask, *, k: float = 1.0, k_future: float = 1.0, ze
         raise ValueError(f"{fn}: center={center!r}; it must be True (subtract the mean over valid "
                          f"steps) or False")
     advantages, entropy, mask = _check_inputs(fn, advantages, entropy, mask)
+    hyper = dict(k=k, k_future=k_future, zeta=zeta, eps=eps, center=center)
+    xla = functools.partial(_xla_empg, axis_name=axis_name, **hyper)
+    if (axis_name is not None or not _checks.is_concrete(k, k_future, zeta, eps)
+            or not all(x.dtype == jnp.float32 for x in (advantages, entropy))):
+        return xla(advantages, entropy, mask)
+
+    def on_cpu(advantages, entropy, mask):
+        if native.build_error():
+            return xla(advantages, entropy, mask)
+        return native.empg(advantages, entropy, mask, **hyper)
+
+    # The platform is known only at lowering, so the choice is made there.
+    return jax.lax.platform_dependent(advantages, entropy, mask, cpu=on_cpu, default=xla)
+
+
+def _xla_empg(advantages, entropy, mask, *, k, k_future, zeta, eps, center, axis_name):
+    """`empg` as XLA computations (any backend, dtype or mesh axis); `[B]` or `[B, T]`
+    advantages."""
+    advantages = jnp.broadcast_to(advantages[:, None] if advantages.ndim == 1 else advantages,
+                                  entropy.shape)
     dtype = jnp.result_type(advantages.dtype, entropy.dtype)
     # An integer count: XLA:CPU would first write the mask out as floats to sum them.
     count = jnp.maximum(_batch_sum(mask.astype(jnp.int32), axis_name).astype(dtype), 1.0)

@@ -19,7 +19,9 @@ runs six scatters and six gathers. Both round every operation as the XLA
 computations they replace (a fused multiply-add where XLA:CPU fuses one, sums
 in element order), so they give the same float32 numbers. `steps_to_tokens` and `tokens_to_steps`
 (`tokens.cc`) move values between the step and the token view row by row, where
-XLA:CPU runs a gather and a scatter over every token.
+XLA:CPU runs a gather and a scatter over every token. `empg` is EMPG's whole
+modulation in four passes (`empg.cc`), where XLA:CPU runs about twenty kernels;
+it equals the XLA computation to float32 rounding, not bit for bit.
 
 The C++ sources are compiled with the system compiler (`$CXX`, else `c++`) the
 first time a process uses it, against the XLA FFI headers that jaxlib ships,
@@ -53,7 +55,9 @@ from stepcredit.advantages import _checks
 
 _SOURCES = tuple(os.path.join(os.path.dirname(__file__), name)
                  for name in ("masked_gae.cc", "pair_ids.cc", "recurrence.cc",
-                              "group_normalize.cc", "tokens.cc"))
+                              "group_normalize.cc", "tokens.cc", "empg.cc"))
+# Included by the sources: part of the build's cache key, not compiled alone.
+_HEADERS = (os.path.join(os.path.dirname(__file__), "simd.h"),)
 # FFI target name -> the handler symbol in the library.
 _TARGET = "stepcredit_masked_gae_f32"
 _PAIR_TARGET = "stepcredit_pair_ids_s32"
@@ -61,11 +65,12 @@ _RECURRENCE_TARGET = "stepcredit_linear_recurrence_f32"
 _NORMALIZE_TARGET = "stepcredit_group_normalize_f32"
 _BROADCAST_TARGET = "stepcredit_steps_to_tokens_f32"
 _STEP_SUMS_TARGET = "stepcredit_tokens_to_steps_f32"
+_EMPG_TARGET = "stepcredit_empg_f32"
 _SYMBOLS = {_TARGET: "StepcreditMaskedGaeF32", _PAIR_TARGET: "StepcreditPairIdsS32",
             _RECURRENCE_TARGET: "StepcreditLinearRecurrenceF32",
             _NORMALIZE_TARGET: "StepcreditGroupNormalizeF32",
             _BROADCAST_TARGET: "StepcreditStepsToTokensF32",
-            _STEP_SUMS_TARGET: "StepcreditTokensToStepsF32"}
+            _STEP_SUMS_TARGET: "StepcreditTokensToStepsF32", _EMPG_TARGET: "StepcreditEmpgF32"}
 _FLAGS = ("-O3", "-march=native", "-std=c++17", "-shared", "-fPIC", "-w")
 
 
@@ -99,7 +104,7 @@ def library_path() -> str:
     compiler = shlex.split(os.environ.get("CXX", "c++"))
     flags = (*_FLAGS, "-I", jax.ffi.include_dir())
     source = b""
-    for path in _SOURCES:
+    for path in (*_SOURCES, *_HEADERS):
         with open(path, "rb") as f:
             source += f.read()
     versions = (jax.__version__, importlib.metadata.version("jaxlib"))
@@ -357,3 +362,45 @@ def tokens_to_steps(token_values: jax.Array, step_index: jax.Array, num_steps: i
     call = jax.ffi.ffi_call(_STEP_SUMS_TARGET, jax.ShapeDtypeStruct(shape, jnp.float32),
                             vmap_method="broadcast_all")
     return _vary_over(call(*operands, num_steps=np.int64(num_steps)), varying)
+
+
+def empg(advantages: jax.Array, entropy: jax.Array, mask: jax.Array, *, k: float, k_future: float,
+         zeta: float, eps: float, center: bool) -> jax.Array:
+    """`empg.empg` (no mesh axis) by the compiled CPU kernel, to float32 rounding.
+
+    Over the valid steps, H~ = (H - min H) / (max H - min H + eps),
+    g = exp(-k H~) / mean exp(-k H~), and
+
+        out = g A + zeta exp(-k_future H~[next valid step of the row]),
+
+    less its mean over the valid steps when `center`; 0 at invalid steps.
+
+    Args:
+      advantages: `[B]` (one per row) or `[B, T]` float32.
+      entropy: `[B, T]` float32.
+      mask: `[B, T]` bool.
+      k, k_future, zeta, eps: EMPG's hyperparameters, known when tracing.
+      center: subtract the mean over valid steps.
+
+    Returns:
+      `[B, T]` float32.
+
+    Raises:
+      TypeError: arrays not float32 or hyperparameters traced.
+      NativeBuildError: the kernel could not be built.
+
+    References:
+      Wang et al., arXiv 2509.09265, Eqs. 8-12.
+    """
+    if (not all(jnp.result_type(x) == jnp.float32 for x in (advantages, entropy))
+            or not _checks.is_concrete(k, k_future, zeta, eps)):
+        raise TypeError("empg: the kernel takes float32 arrays and hyperparameters known when "
+                        "tracing")
+    _register()
+    varying, operands = _aligned(advantages, entropy, mask)
+    # "sequential": the minimum, maximum and means are each batch member's own.
+    call = jax.ffi.ffi_call(_EMPG_TARGET, jax.ShapeDtypeStruct(entropy.shape, jnp.float32),
+                            vmap_method="sequential")
+    out = call(*operands, k=np.float32(k), k_future=np.float32(k_future), zeta=np.float32(zeta),
+               eps=np.float32(eps), center=bool(center))
+    return _vary_over(out, varying)
