@@ -243,6 +243,60 @@ def test_claim_output_refuses_another_studys_directory(tmp_path):
                            str(tmp_path))
 
 
+def test_amend_keeps_the_runs_an_edit_leaves_alone_and_moves_the_others_aside(tmp_path):
+    from stepcredit.study.worker import DIAGNOSIS, run_config
+
+    out = str(tmp_path / "out")
+    study = _study()
+    sweep.claim_output(study, out)
+
+    def left(run_id, status=None):
+        config = run_config(study.run(run_id), os.path.abspath(out))
+        directory = records.run_dir(out, run_id)
+        os.makedirs(os.path.join(directory, "checkpoints"))
+        with open(os.path.join(directory, "config.json"), "w") as f:
+            f.write(config.to_json())
+        if status:
+            records.write_record(out, {"run": run_id, "status": status, "config": config.to_json(),
+                                       "eval_tasks": study.run(run_id).eval_tasks,
+                                       "eval": {"test": {"success": 0.5}}})
+
+    left("hotpotqa-GRPO-s0", records.DONE)
+    left("hotpotqa-StepPO-s0", records.DONE)
+    left("hotpotqa-StepPO-s1")  # interrupted: resumable unless the edit changes it
+    left("hotpotqa-GRPO-s1")
+    records.write_record(out, {"run": DIAGNOSIS, "status": records.DONE, "kind": "diagnosis"})
+    os.makedirs(os.path.join(out, "diagnose"))
+
+    # StepPO's runs change; GRPO's and the diagnosis do not; more iterations for all.
+    edited = _study(STUDY.replace("set = { lam = 0.9 }", "set = { lam = 0.8 }")
+                    .replace("iterations = 3", "iterations = 4"))
+    with pytest.raises(ValueError, match="--amend"):
+        sweep.claim_output(edited, out)
+    moved = sweep.claim_output(edited, out, amend=True)
+    assert moved == ("hotpotqa-GRPO-s0", "hotpotqa-StepPO-s0", "hotpotqa-StepPO-s1")
+    aside = os.path.join(out, "superseded", _study().fingerprint())
+    assert sorted(os.listdir(os.path.join(aside, "records"))) == ["hotpotqa-GRPO-s0.json",
+                                                                  "hotpotqa-StepPO-s0.json"]
+    assert sorted(os.listdir(os.path.join(aside, "runs"))) == ["hotpotqa-StepPO-s0",
+                                                               "hotpotqa-StepPO-s1"]
+    # More iterations: GRPO's finished run loses its record and resumes from its checkpoints,
+    # as its interrupted one does.
+    for run_id in ("hotpotqa-GRPO-s0", "hotpotqa-GRPO-s1"):
+        assert os.path.isdir(os.path.join(records.run_dir(out, run_id), "checkpoints"))
+    assert records.read_record(out, "hotpotqa-GRPO-s0") is None
+    assert records.read_record(out, DIAGNOSIS)["status"] == records.DONE
+    assert os.path.isdir(os.path.join(out, "diagnose"))
+    sweep.claim_output(edited, out)  # the directory is now the edited study's
+    assert open(os.path.join(out, "study.toml")).read() == edited.source
+
+    # Fewer diagnosis tasks move the diagnosis aside too.
+    fewer = _study(edited.source.replace("tasks = 2", "tasks = 1"))
+    assert sweep.claim_output(fewer, out, amend=True) == (DIAGNOSIS,)
+    assert not os.path.exists(os.path.join(out, "diagnose"))
+    assert os.path.isdir(os.path.join(out, "superseded", edited.fingerprint(), "diagnose"))
+
+
 def test_reuse_copies_only_finished_runs_of_the_same_configuration(tmp_path):
     from stepcredit.study.worker import run_config
 

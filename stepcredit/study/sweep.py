@@ -9,7 +9,9 @@ checkpoints; a run whose process fails or is killed gets a "failed" record with
 the error, and the others go on (the next sweep retries it). One progress bar
 counts the training iterations of the whole sweep. Each run's output goes to
 `<out>/runs/<run_id>/log.txt`; the study file is copied to `<out>/study.toml`,
-and a sweep into a directory holding another study's results is refused.
+and a sweep into a directory holding another study's results is refused, unless
+`amend=True` says the study is an edit of that one (the jobs it would run differently
+are moved aside, the others kept).
 `reuse=[other_out]` first copies the finished runs another sweep shares with this
 study (same run id, same resolved configuration) instead of training them again.
 """
@@ -29,7 +31,8 @@ import time
 from typing import Callable, Sequence
 
 from stepcredit.data.write import atomic_path
-from stepcredit.study.records import DONE, FAILED, read_record, run_dir, write_record
+from stepcredit.study.records import (DONE, FAILED, read_record, record_path, run_dir,
+                                      write_record)
 from stepcredit.study.spec import Study, load_study
 from stepcredit.study.worker import DIAGNOSIS, failed_record
 
@@ -87,24 +90,101 @@ def _affinity() -> set[int]:
     return set(range(os.cpu_count() or 1))
 
 
-def claim_output(study: Study, out: str) -> None:
-    """Makes `out` this study's output directory, or refuses one holding another study's."""
+def claim_output(study: Study, out: str, *, amend: bool = False) -> tuple[str, ...]:
+    """Makes `out` this study's output directory, or refuses one holding another study's.
+
+    With `amend`, a directory holding an earlier version of the study (another fingerprint)
+    is taken over: its jobs that this study no longer runs the same way are moved aside
+    (`supersede_changed`) and the rest are kept, finished or resumable. Returns the ids of
+    the jobs moved aside.
+    """
     os.makedirs(out, exist_ok=True)
     marker = os.path.join(out, "study.json")
     identity = {"name": study.name, "fingerprint": study.fingerprint()}
+    moved: tuple[str, ...] = ()
     if os.path.exists(marker):
         with open(marker, encoding="utf-8") as f:
             held = json.load(f)
-        if held != identity:
+        if held == identity:
+            return moved
+        if not amend:
             raise ValueError(f"--out {out} holds the results of another study ({held['name']}, "
                              f"fingerprint {held['fingerprint']}; this one: {study.name}, "
                              f"{identity['fingerprint']}): its runs would be mixed; choose "
-                             "another directory")
-        return
+                             "another directory, or pass --amend if this study is an edit of "
+                             "that one")
+        moved = supersede_changed(study, out, held["fingerprint"])
     for name, text in (("study.toml", study.source), ("study.json", json.dumps(identity))):
         with atomic_path(os.path.join(out, name)) as temporary, \
                 open(temporary, "w", encoding="utf-8") as f:
             f.write(text)
+    return moved
+
+
+def supersede_changed(study: Study, out: str, old_fingerprint: str) -> tuple[str, ...]:
+    """Moves aside, to `<out>/superseded/<old_fingerprint>/`, what `study` would not continue
+    of each job in `out`; returns the ids of the jobs touched.
+
+    Records and run directories are renamed whole, so nothing is lost. A job goes aside
+    with its run directory when the study has no such run; when its configuration
+    differs from the one the study now resolves (`TrainConfig.differences`, the log
+    directory aside) in a field that a resumed run may not change (`RESUMABLE_CHANGES`);
+    when it finished with other evaluation splits or task counts; and, for the diagnosis,
+    when its settings changed. A finished run whose changes a resumed run may make (more
+    iterations, say) loses only its record: the sweep resumes it from its checkpoints.
+    A job with neither record nor configuration written yet is left to start over.
+    """
+    from stepcredit.study.spec import load_study
+    from stepcredit.study.worker import run_config
+    from stepcredit.train.config import RESUMABLE_CHANGES, TrainConfig
+
+    def what_goes(job_id: str) -> tuple[str, ...]:
+        everything = (record_path(out, job_id), run_dir(out, job_id))
+        record = read_record(out, job_id) or {}
+        if job_id == DIAGNOSIS:
+            earlier = load_study(os.path.join(out, "study.toml")).diagnosis()
+            return ((*everything, os.path.join(out, DIAGNOSIS))
+                    if repr(earlier) != repr(study.diagnosis()) else ())
+        if job_id not in runs:
+            return everything
+        run = runs[job_id]
+        saved = os.path.join(run_dir(out, job_id), "config.json")
+        if record.get("config"):
+            text = record["config"]
+        elif os.path.exists(saved):
+            with open(saved, encoding="utf-8") as f:
+                text = f.read()
+        else:
+            return ()
+        differences = TrainConfig.from_json(text).differences(
+            run_config(run, os.path.abspath(out)), ignore=("logdir",))
+        if any(d.split(":")[0] not in RESUMABLE_CHANGES for d in differences):
+            return everything
+        if record.get("status") != DONE:
+            return ()
+        if (record.get("eval_tasks") != run.eval_tasks
+                or sorted(record.get("eval", {})) != sorted(run.eval_splits or ("test",))):
+            return everything
+        return everything[:1] if differences else ()
+
+    runs = {run.run_id: run for run in study.runs()}
+    held = set()
+    for directory, suffix in (("records", ".json"), ("runs", "")):
+        path = os.path.join(out, directory)
+        if os.path.isdir(path):
+            held |= {name[:len(name) - len(suffix)] for name in os.listdir(path)
+                     if name.endswith(suffix) and not name.endswith(".partial")}
+    aside = os.path.join(out, "superseded", old_fingerprint)
+    touched = []
+    for job_id in sorted(held):
+        going = [path for path in what_goes(job_id) if os.path.exists(path)]
+        for source in going:
+            target = os.path.join(aside, os.path.relpath(source, out))
+            os.makedirs(os.path.dirname(target), exist_ok=True)
+            os.replace(source, target)
+        if going:
+            touched.append(job_id)
+    return tuple(touched)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -187,7 +267,7 @@ def reuse_runs(study: Study, out: str, source: str) -> tuple[str, ...]:
 
 def sweep(study_path: str, out: str, *, workers: int | None = None, threads: int | None = None,
           progress: bool = True, note: Callable[[str], None] | None = None,
-          reuse: Sequence[str] = ()) -> SweepSummary:
+          reuse: Sequence[str] = (), amend: bool = False) -> SweepSummary:
     """Runs every unfinished job of the study in `study_path`; returns what it did.
 
     Args:
@@ -199,13 +279,19 @@ def sweep(study_path: str, out: str, *, workers: int | None = None, threads: int
       note: where one-line messages go (a job finished or failed; default: above the bar).
       reuse: other sweeps' directories whose finished runs this study shares
         (`reuse_runs`): copied, not trained again.
+      amend: `out` may hold an earlier version of this study: its jobs that the study
+        would no longer continue as they stand are moved aside (`supersede_changed`).
     """
     from tqdm import tqdm
 
     note = note or tqdm.write
     study = load_study(study_path)
-    claim_output(study, out)
+    os.makedirs(out, exist_ok=True)
     with _exclusive(out), _terminate_as_exit():
+        moved = claim_output(study, out, amend=amend)
+        if moved:
+            note(f"{len(moved)} job(s) the edited study runs differently moved aside to "
+                 f"{os.path.join(out, 'superseded')}: {', '.join(moved)}")
         for source in reuse:
             copied = reuse_runs(study, out, source)
             note(f"{len(copied)} finished run(s) with the same configuration copied from {source}")

@@ -6,7 +6,9 @@ runs every run of the study file (`stepcredit.study.spec`) in worker processes
 (`stepcredit.study.sweep`). Run again after an interruption, it finishes the
 study without redoing finished runs; then `stepcredit table runs/main`.
 `--reuse DIR` copies the finished runs of another sweep that this study shares
-(same run id and resolved configuration) instead of training them again.
+(same run id and resolved configuration) instead of training them again. After an
+edit to the study file, `--amend` continues in the same directory: the runs the edit
+changes are moved aside to `OUT/superseded/` and trained again, the others kept.
 """
 
 from __future__ import annotations
@@ -34,6 +36,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="another sweep's directory: its finished runs that this study "
                              "would train with the same configuration are copied, not "
                              "trained again (repeatable)")
+    parser.add_argument("--amend", action="store_true",
+                        help="the study file was edited since OUT was swept: move aside the "
+                             "runs it now trains differently (to OUT/superseded/) and keep "
+                             "the rest")
     add_parallel_arguments(parser)
 
 
@@ -43,7 +49,7 @@ def run(args: argparse.Namespace) -> int:
 
     out = args.out or os.path.join("runs", load_study(args.study).name)
     summary = sweep(args.study, out, workers=args.workers, threads=args.threads,
-                    progress=args.progress, reuse=args.reuse)
+                    progress=args.progress, reuse=args.reuse, amend=args.amend)
     print(f"{len(summary.skipped)} jobs done before, {len(summary.finished)} finished now, "
           f"{len(summary.failed)} failed; results in {out} (see: stepcredit table {out})")
     return 1 if summary.failed else 0
