@@ -540,3 +540,39 @@ def test_empg_uses_the_kernel_on_cpu_only_where_it_applies(monkeypatch, mesh4):
                                jax.jit(call)(advantages, entropy), rtol=1e-5, atol=1e-6)
     monkeypatch.setattr(native, "build_error", lambda: "no compiler here")
     assert target not in lowered_text(lambda a, h: empg(a, h, mask), advantages, entropy)
+
+
+@pytest.mark.parametrize("gain", ["probability", "log_probability"])
+def test_the_information_gain_kernel_equals_the_xla_computation(gain):
+    igpo_module = importlib.import_module("stepcredit.advantages.igpo")  # not the function
+    for seed, (batch, steps) in enumerate([(13, 7), (4096, 16), (3, 1), (1, 33)]):
+        rng = np.random.default_rng(seed)
+        mask = rng.random((batch, steps)) < 0.7
+        mask[0] = False
+        logp = np.where(mask, -rng.uniform(0.0, 6.0, (batch, steps)), np.nan).astype(np.float32)
+        kernel = jax.jit(functools.partial(native.information_gain, gain=gain))(logp, mask)
+        xla = jax.jit(functools.partial(igpo_module._xla_information_gain, gain=gain))(logp, mask)
+        if gain == "log_probability":
+            np.testing.assert_array_equal(kernel, xla)
+        else:
+            np.testing.assert_allclose(kernel, xla, rtol=0, atol=4e-7)
+    batched = jax.vmap(functools.partial(native.information_gain, gain=gain))(
+        np.stack([logp, logp / 2]), np.stack([mask, mask]))
+    np.testing.assert_array_equal(batched[1], native.information_gain(logp / 2, mask, gain=gain))
+    # A NaN at a valid turn reaches that turn and the valid turn before it, as in XLA.
+    row = np.array([[-1.0, np.nan, -2.0, -0.5]], np.float32)
+    out = np.asarray(native.information_gain(row, np.ones_like(row, bool), gain=gain))
+    assert np.isnan(out[0, :2]).all() and np.isfinite(out[0, 2:]).all()
+
+
+def test_information_gain_uses_the_kernel_on_cpu_only(monkeypatch):
+    from stepcredit.advantages.igpo import information_gain
+
+    logp = -np.ones((4, 5), np.float32)
+    mask = np.ones((4, 5), bool)
+    target = native._GAIN_TARGET
+    assert target in exported_text(information_gain, "cpu", target, logp, mask)
+    assert target not in exported_text(information_gain, "cuda", target, logp, mask)
+    assert target not in lowered_text(information_gain, logp.astype(jnp.bfloat16), mask)
+    monkeypatch.setattr(native, "build_error", lambda: "no compiler here")
+    assert target not in lowered_text(lambda a, m: information_gain(a, m), logp, mask)

@@ -8,11 +8,13 @@ normalised within the task group and summed, discounted, from each turn on.
 
 from __future__ import annotations
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from stepcredit.advantages import _checks
+from stepcredit.advantages import _checks, native
 from stepcredit.advantages.gae import _next_valid, discounted_returns
 from stepcredit.advantages.group import STDS, _check_eps, _dense_ids, _normalize
 from stepcredit.advantages.mt_grpo import final_turns
@@ -58,6 +60,12 @@ def information_gain(answer_logp, mask, *, gain: str = "probability") -> jax.Arr
       paper's and their default, and "log_prob_diff", which training scripts
       of forks of their repository set.
 
+      For float32 log-probs, CPU runs the compiled kernel
+      (`native.information_gain`: two passes where XLA:CPU runs the next-valid
+      recurrence, an argmax and the steps between), equal to the XLA
+      computation to float32 rounding; otherwise XLA computations. The kernel
+      has no derivative: the gains are rewards.
+
     Example: b = log [[0.1, 0.4, 0.5]] gives [[0.3, 0.1, 0]].
     """
     fn = "information_gain"
@@ -70,6 +78,20 @@ def information_gain(answer_logp, mask, *, gain: str = "probability") -> jax.Arr
                                                    > 0).any():
         raise ValueError(f"{fn}: answer_logp holds a positive value at a valid turn; it is a "
                          "mean log-probability, at most 0")
+    xla = functools.partial(_xla_information_gain, gain=gain)
+    if answer_logp.dtype != jnp.float32:
+        return xla(answer_logp, mask)
+
+    def on_cpu(answer_logp, mask):
+        if native.build_error():
+            return xla(answer_logp, mask)
+        return native.information_gain(answer_logp, mask, gain=gain)
+
+    # The platform is known only at lowering, so the choice is made there.
+    return jax.lax.platform_dependent(answer_logp, mask, cpu=on_cpu, default=xla)
+
+
+def _xla_information_gain(answer_logp, mask, *, gain):
     belief = jnp.where(mask, answer_logp, 0.0)
     if gain == "probability":
         belief = jnp.exp(belief)

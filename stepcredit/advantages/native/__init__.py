@@ -20,8 +20,10 @@ computations they replace (a fused multiply-add where XLA:CPU fuses one, sums
 in element order), so they give the same float32 numbers. `steps_to_tokens` and `tokens_to_steps`
 (`tokens.cc`) move values between the step and the token view row by row, where
 XLA:CPU runs a gather and a scatter over every token. `empg` is EMPG's whole
-modulation in four passes (`empg.cc`), where XLA:CPU runs about twenty kernels;
-it equals the XLA computation to float32 rounding, not bit for bit.
+modulation in four passes (`empg.cc`), where XLA:CPU runs about twenty kernels,
+and `information_gain` IGPO's turn gains in two (`information_gain.cc`); their
+exponentials make them equal to the XLA computations to float32 rounding, not
+bit for bit.
 
 The C++ sources are compiled with the system compiler (`$CXX`, else `c++`) the
 first time a process uses it, against the XLA FFI headers that jaxlib ships,
@@ -55,7 +57,8 @@ from stepcredit.advantages import _checks
 
 _SOURCES = tuple(os.path.join(os.path.dirname(__file__), name)
                  for name in ("masked_gae.cc", "pair_ids.cc", "recurrence.cc",
-                              "group_normalize.cc", "tokens.cc", "empg.cc"))
+                              "group_normalize.cc", "tokens.cc", "empg.cc",
+                              "information_gain.cc"))
 # Included by the sources: part of the build's cache key, not compiled alone.
 _HEADERS = (os.path.join(os.path.dirname(__file__), "simd.h"),)
 # FFI target name -> the handler symbol in the library.
@@ -66,11 +69,13 @@ _NORMALIZE_TARGET = "stepcredit_group_normalize_f32"
 _BROADCAST_TARGET = "stepcredit_steps_to_tokens_f32"
 _STEP_SUMS_TARGET = "stepcredit_tokens_to_steps_f32"
 _EMPG_TARGET = "stepcredit_empg_f32"
+_GAIN_TARGET = "stepcredit_information_gain_f32"
 _SYMBOLS = {_TARGET: "StepcreditMaskedGaeF32", _PAIR_TARGET: "StepcreditPairIdsS32",
             _RECURRENCE_TARGET: "StepcreditLinearRecurrenceF32",
             _NORMALIZE_TARGET: "StepcreditGroupNormalizeF32",
             _BROADCAST_TARGET: "StepcreditStepsToTokensF32",
-            _STEP_SUMS_TARGET: "StepcreditTokensToStepsF32", _EMPG_TARGET: "StepcreditEmpgF32"}
+            _STEP_SUMS_TARGET: "StepcreditTokensToStepsF32", _EMPG_TARGET: "StepcreditEmpgF32",
+            _GAIN_TARGET: "StepcreditInformationGainF32"}
 _FLAGS = ("-O3", "-march=native", "-std=c++17", "-shared", "-fPIC", "-w")
 
 
@@ -404,3 +409,36 @@ def empg(advantages: jax.Array, entropy: jax.Array, mask: jax.Array, *, k: float
     out = call(*operands, k=np.float32(k), k_future=np.float32(k_future), zeta=np.float32(zeta),
                eps=np.float32(eps), center=bool(center))
     return _vary_over(out, varying)
+
+
+def information_gain(answer_logp: jax.Array, mask: jax.Array, *, gain: str) -> jax.Array:
+    """`igpo.information_gain` by the compiled CPU kernel (to float32 rounding for the
+    probability gain, bit for bit for the log-probability gain).
+
+        IG_t = b_{t'} - b_t at a valid turn t with a later valid turn (t' the first),
+        0 at each row's last valid turn and at invalid turns,
+
+    with b = exp(answer_logp) (gain="probability") or answer_logp ("log_probability").
+
+    Args:
+      answer_logp: `[B, T]` float32.
+      mask: `[B, T]` bool.
+      gain: "probability" or "log_probability".
+
+    Returns:
+      `[B, T]` float32.
+
+    Raises:
+      TypeError: answer_logp not float32.
+      NativeBuildError: the kernel could not be built.
+
+    References:
+      Wang et al., arXiv 2510.14967.
+    """
+    if jnp.result_type(answer_logp) != jnp.float32:
+        raise TypeError("information_gain: the kernel takes float32 log-probs")
+    _register()
+    varying, operands = _aligned(answer_logp, mask)
+    call = jax.ffi.ffi_call(_GAIN_TARGET, jax.ShapeDtypeStruct(answer_logp.shape, jnp.float32),
+                            vmap_method="broadcast_all")
+    return _vary_over(call(*operands, probability=gain == "probability"), varying)

@@ -24,7 +24,6 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
-#include <limits>
 #include <vector>
 
 #include "xla/ffi/api/ffi.h"
@@ -38,34 +37,6 @@ namespace {
 // Sums of floats run in eight float lanes for kBlock elements, then in double,
 // so that no lane adds up more than kBlock / 8 terms in float.
 constexpr int64_t kBlock = 1024;
-
-f32x8 Splat(float x) { return f32x8{x, x, x, x, x, x, x, x}; }
-
-// exp(x), eight lanes: x = n ln2 + r with |r| <= ln2 / 2, exp(r) by its Taylor
-// polynomial to degree 6 (relative error below 2e-7 on that range), times 2^n
-// through the exponent bits. Below -87.3 it gives 0 (where float32's normal range
-// ends), above 88.7 infinity, and NaN for NaN.
-f32x8 Exp(f32x8 x) {
-  const f32x8 kLog2e = Splat(1.44269504088896341f);
-  const f32x8 kLn2Hi = Splat(0.693359375f);  // 9 bits: n * kLn2Hi is exact
-  const f32x8 kLn2Lo = Splat(-2.12194440054690583e-4f);  // ln 2 - kLn2Hi
-  const f32x8 kRound = Splat(12582912.0f);  // 1.5 * 2^23: adding it rounds to an integer
-  const f32x8 low = Splat(-87.3f), high = Splat(88.7f);
-  const f32x8 clamped = x < low ? low : (x > high ? high : x);
-  const f32x8 n = (clamped * kLog2e + kRound) - kRound;
-  const f32x8 r = (clamped - n * kLn2Hi) - n * kLn2Lo;
-  f32x8 p = Splat(1.0f / 720.0f);
-  p = p * r + 1.0f / 120.0f;
-  p = p * r + 1.0f / 24.0f;
-  p = p * r + 1.0f / 6.0f;
-  p = p * r + 0.5f;
-  p = p * r + 1.0f;
-  p = p * r + 1.0f;
-  const f32x8 scaled = (f32x8)((i32x8)p + (__builtin_convertvector(n, i32x8) << 23));
-  const f32x8 bounded = x < low ? Splat(0.0f)
-                                : (x > high ? Splat(std::numeric_limits<float>::infinity()) : scaled);
-  return x != x ? x : bounded;
-}
 
 float Sum(f32x8 x) { return Fold(x, [](f32x8 a, f32x8 b) { return a + b; }); }
 
