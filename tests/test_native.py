@@ -576,3 +576,17 @@ def test_information_gain_uses_the_kernel_on_cpu_only(monkeypatch):
     assert target not in lowered_text(information_gain, logp.astype(jnp.bfloat16), mask)
     monkeypatch.setattr(native, "build_error", lambda: "no compiler here")
     assert target not in lowered_text(lambda a, m: information_gain(a, m), logp, mask)
+
+
+def test_final_turns_by_the_kernel_equal_the_argmax_and_lower_only_on_cpu():
+    mt_grpo = importlib.import_module("stepcredit.advantages.mt_grpo")  # not the function
+    rng = np.random.default_rng(0)
+    mask = rng.random((37, 9)) < 0.5
+    mask[0], mask[1] = False, True
+    np.testing.assert_array_equal(jax.jit(mt_grpo.final_turns)(mask),
+                                  mt_grpo._argmax_final_turns(mask))
+    np.testing.assert_array_equal(jax.vmap(native.last_valid)(np.stack([mask, ~mask]))[1],
+                                  mt_grpo._argmax_final_turns(~mask))
+    target = native._LAST_TARGET
+    assert target in exported_text(mt_grpo.final_turns, "cpu", target, mask)
+    assert target not in exported_text(mt_grpo.final_turns, "cuda", target, mask)

@@ -14,7 +14,7 @@ import functools
 import jax
 import jax.numpy as jnp
 
-from stepcredit.advantages import _checks
+from stepcredit.advantages import _checks, native
 from stepcredit.advantages import group as group_lib
 
 TURN_BASELINES = ("per_turn", "pooled")
@@ -30,7 +30,18 @@ def _turn_segments(ids, num_groups, num_steps, turn_baseline):
 
 
 def final_turns(mask) -> jax.Array:
-    """`[B, T]` bool: True at each trajectory's last valid step (none in an all-masked row)."""
+    """`[B, T]` bool: True at each trajectory's last valid step (none in an all-masked row).
+
+    On CPU, by the compiled kernel (`native.last_valid`, one pass) once it is built;
+    elsewhere by an argmax.
+    """
+    def on_cpu(mask):
+        return _argmax_final_turns(mask) if native.build_error() else native.last_valid(mask)
+
+    return jax.lax.platform_dependent(mask, cpu=on_cpu, default=_argmax_final_turns)
+
+
+def _argmax_final_turns(mask):
     num_steps = mask.shape[1]
     last = num_steps - 1 - jnp.argmax(mask[:, ::-1], axis=1)
     return mask & (jnp.arange(num_steps)[None, :] == last[:, None])

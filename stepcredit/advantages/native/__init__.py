@@ -23,7 +23,8 @@ XLA:CPU runs a gather and a scatter over every token. `empg` is EMPG's whole
 modulation in four passes (`empg.cc`), where XLA:CPU runs about twenty kernels,
 and `information_gain` IGPO's turn gains in two (`information_gain.cc`); their
 exponentials make them equal to the XLA computations to float32 rounding, not
-bit for bit.
+bit for bit. `last_valid` marks each row's last valid position (`last_valid.cc`),
+where XLA:CPU runs an argmax.
 
 The C++ sources are compiled with the system compiler (`$CXX`, else `c++`) the
 first time a process uses it, against the XLA FFI headers that jaxlib ships,
@@ -58,7 +59,7 @@ from stepcredit.advantages import _checks
 _SOURCES = tuple(os.path.join(os.path.dirname(__file__), name)
                  for name in ("masked_gae.cc", "pair_ids.cc", "recurrence.cc",
                               "group_normalize.cc", "tokens.cc", "empg.cc",
-                              "information_gain.cc"))
+                              "information_gain.cc", "last_valid.cc"))
 # Included by the sources: part of the build's cache key, not compiled alone.
 _HEADERS = (os.path.join(os.path.dirname(__file__), "simd.h"),)
 # FFI target name -> the handler symbol in the library.
@@ -70,12 +71,13 @@ _BROADCAST_TARGET = "stepcredit_steps_to_tokens_f32"
 _STEP_SUMS_TARGET = "stepcredit_tokens_to_steps_f32"
 _EMPG_TARGET = "stepcredit_empg_f32"
 _GAIN_TARGET = "stepcredit_information_gain_f32"
+_LAST_TARGET = "stepcredit_last_valid"
 _SYMBOLS = {_TARGET: "StepcreditMaskedGaeF32", _PAIR_TARGET: "StepcreditPairIdsS32",
             _RECURRENCE_TARGET: "StepcreditLinearRecurrenceF32",
             _NORMALIZE_TARGET: "StepcreditGroupNormalizeF32",
             _BROADCAST_TARGET: "StepcreditStepsToTokensF32",
             _STEP_SUMS_TARGET: "StepcreditTokensToStepsF32", _EMPG_TARGET: "StepcreditEmpgF32",
-            _GAIN_TARGET: "StepcreditInformationGainF32"}
+            _GAIN_TARGET: "StepcreditInformationGainF32", _LAST_TARGET: "StepcreditLastValid"}
 _FLAGS = ("-O3", "-march=native", "-std=c++17", "-shared", "-fPIC", "-w")
 
 
@@ -442,3 +444,17 @@ def information_gain(answer_logp: jax.Array, mask: jax.Array, *, gain: str) -> j
     call = jax.ffi.ffi_call(_GAIN_TARGET, jax.ShapeDtypeStruct(answer_logp.shape, jnp.float32),
                             vmap_method="broadcast_all")
     return _vary_over(call(*operands, probability=gain == "probability"), varying)
+
+
+def last_valid(mask: jax.Array) -> jax.Array:
+    """`[..., T]` bool: True at each row's last True position of `mask`, by the compiled CPU
+    kernel (an all-False row has none).
+
+    Raises:
+      NativeBuildError: the kernel could not be built.
+    """
+    _register()
+    varying, operands = _aligned(mask)
+    call = jax.ffi.ffi_call(_LAST_TARGET, jax.ShapeDtypeStruct(mask.shape, jnp.bool_),
+                            vmap_method="broadcast_all")
+    return _vary_over(call(*operands), varying)
