@@ -40,6 +40,10 @@ ROUNDED = {
     ("offline/step_gae/", "offline/token_gae/"):
         "GAE's default became the compiled CPU kernel (method='auto'), which adds in another "
         "order than the scan that recorded them",
+    tuple(f"{part}/{name}/" for part in ("credit", "offline")
+          for name in ("empg", "grpo+empg", "dapo+empg")):
+        "EMPG's modulation became a compiled CPU kernel, whose exponential is a vector "
+        "polynomial and whose sums run in another order",
     ("train/",):
         "XLA:CPU compiles for the CPU it runs on, so a transformer's sums are ordered by its "
         "vector width: on an AVX-512 EPYC, two iterations of training ended up to 3e-5 "
