@@ -590,3 +590,102 @@ def test_final_turns_by_the_kernel_equal_the_argmax_and_lower_only_on_cpu():
     target = native._LAST_TARGET
     assert target in exported_text(mt_grpo.final_turns, "cpu", target, mask)
     assert target not in exported_text(mt_grpo.final_turns, "cuda", target, mask)
+
+
+def anchor_inputs(batch=37, steps=9, seed=0, spread_ids=False):
+    """Rows with holes, an empty row, NaN at invalid steps, a few anchors per episode group
+    (so that step groups at several history depths hold several steps), episode groups of
+    unequal sizes in no order, and B x T not a multiple of 8."""
+    rng = np.random.default_rng(seed)
+    mask = rng.random((batch, steps)) < 0.75
+    mask[0] = False
+    rewards = np.where(mask, rng.normal(size=(batch, steps)) * 10.0 ** rng.integers(-2, 3),
+                       np.nan).astype(np.float32)
+    anchors = rng.integers(0, 3, (batch, steps)).astype(np.int32)
+    groups = rng.integers(0, max(batch // 5, 1), batch)
+    # Ids far apart take the kernel's sort instead of its counting sort.
+    groups = (groups * 1_000_003 - 7 if spread_ids else groups).astype(np.int32)
+    scores = rng.normal(size=batch).astype(np.float32)
+    return rewards, anchors, groups, mask, scores
+
+
+GIGPO_FAMILY = {
+    "gigpo": dict(omega=0.7),
+    "ecpo": dict(omega=1.3, kappa=1.5),
+    "hgpo": dict(omega=0.9, max_depth=3, min_depth=0, alpha=0.5),
+}
+
+
+@pytest.mark.parametrize("name", sorted(GIGPO_FAMILY))
+@pytest.mark.parametrize("std, singleton", [("unbiased", "zero"), ("biased", "raw"),
+                                            ("none", "raw")])
+def test_the_anchor_group_kernel_equals_the_xla_computation(name, std, singleton):
+    estimator = getattr(adv, name)
+    for seed, (batch, steps, spread) in enumerate([(37, 9, False), (4096, 16, False),
+                                                   (23, 1, True), (1, 33, False)]):
+        rewards, anchors, groups, mask, scores = anchor_inputs(batch, steps, seed, spread)
+        for given in (None, scores):
+            def run(method, rewards, anchors, groups, mask, given):
+                return estimator(rewards, anchors, groups, mask, episode_scores=given, gamma=0.9,
+                                 std=std, singleton=singleton, method=method,
+                                 **GIGPO_FAMILY[name])
+
+            kernel = jax.jit(functools.partial(run, "auto"))(rewards, anchors, groups, mask, given)
+            xla = jax.jit(functools.partial(run, "sequential"))(rewards, anchors, groups, mask,
+                                                                 given)
+            assert np.all(np.asarray(kernel)[~mask] == 0.0)
+            if given is None:
+                # XLA:CPU may add a row's rewards in a tree, the kernel adds them in order;
+                # given XLA's sums, the kernel gives XLA's numbers.
+                np.testing.assert_allclose(kernel, xla, rtol=0, atol=1e-5 * np.abs(xla).max())
+                given = jax.jit(lambda r, m: jnp.sum(jnp.where(m, r, 0.0), axis=1))(rewards,
+                                                                                     mask)
+                kernel = jax.jit(functools.partial(run, "auto"))(rewards, anchors, groups, mask,
+                                                                 given)
+            if name == "hgpo":  # XLA:CPU fuses its last multiply-add for some shapes only
+                np.testing.assert_allclose(kernel, xla, rtol=0, atol=1e-6 * np.abs(xla).max())
+            else:
+                np.testing.assert_array_equal(kernel, xla)
+
+
+def test_the_anchor_group_kernel_keeps_a_nan_in_its_groups_and_maps_over_a_batch():
+    rewards, anchors, groups, mask, _ = anchor_inputs()
+    row, step = mask.nonzero()[0][-1], mask.nonzero()[1][-1]
+    rewards[row, step] = np.nan
+    gigpo = jax.jit(lambda *args: adv.gigpo(*args, method="auto"))
+    xla = jax.jit(lambda *args: adv.gigpo(*args, method="sequential"))
+    out = np.asarray(gigpo(rewards, anchors, groups, mask))
+    np.testing.assert_array_equal(out, xla(rewards, anchors, groups, mask))
+    others = groups != groups[row]
+    assert np.isnan(out[row, step]) and np.isfinite(out[others][mask[others]]).all()
+    batched = jax.vmap(gigpo)(np.stack([rewards, -rewards]), np.stack([anchors, anchors]),
+                              np.stack([groups, groups]), np.stack([mask, mask]))
+    np.testing.assert_array_equal(batched[1], gigpo(-rewards, anchors, groups, mask))
+
+
+def test_the_gigpo_family_uses_the_kernel_on_cpu_only_where_it_applies(monkeypatch, mesh4):
+    rewards, anchors, groups, mask, _ = anchor_inputs(8, 5)
+    rewards = np.nan_to_num(rewards)
+    target = native._ANCHOR_TARGET
+    for name, options in GIGPO_FAMILY.items():
+        options = {**options, "num_groups": int(groups.max()) + 1}  # no other custom call
+        estimator = getattr(adv, name)
+        call = lambda r, a, g, m, estimator=estimator, options=options: estimator(  # noqa: E731
+            r, a, g, m, **options)
+        assert target in exported_text(call, "cpu", target, rewards, anchors, groups, mask)
+        assert target not in exported_text(call, "cuda", target, rewards, anchors, groups, mask)
+        assert target not in lowered_text(
+            lambda r, a, g, m, estimator=estimator, options=options: estimator(
+                r, a, g, m, method="sequential", **options), rewards, anchors, groups, mask)
+        assert target not in lowered_text(
+            lambda r, a, g, m, omega, estimator=estimator, options=options: estimator(
+                r, a, g, m, **{**options, "omega": omega}), rewards, anchors, groups, mask, 1.0)
+    sharded = jax.shard_map(lambda r, a, g, m: adv.gigpo(r, a, g, m, axis_name="data"),
+                            mesh=mesh4, in_specs=P("data"), out_specs=P("data"))
+    assert target not in lowered_text(sharded, rewards, anchors, groups, mask)
+    np.testing.assert_allclose(jax.jit(sharded)(rewards, anchors, groups, mask),
+                               jax.jit(adv.gigpo)(rewards, anchors, groups, mask),
+                               rtol=1e-5, atol=1e-6)
+    monkeypatch.setattr(native, "build_error", lambda: "no compiler here")
+    assert target not in lowered_text(lambda *args: adv.gigpo(*args), rewards, anchors, groups,
+                                      mask)

@@ -17,10 +17,10 @@ import jax.numpy as jnp
 import numpy as np
 
 from stepcredit.advantages import _checks
-from stepcredit.advantages.gigpo import (_check_inputs, _step_group_ids,
-                                         episode_advantages_and_returns)
+from stepcredit.advantages.gigpo import (_check_inputs, _step_group_ids, episode_advantages,
+                                         fused_on_cpu, step_returns)
 from stepcredit.advantages.group import (SINGLETONS, STDS, _check_eps, _check_option,
-                                         _normalize, _segment_sum)
+                                         _dense_ids, _normalize, _segment_sum)
 from stepcredit.advantages.recurrence import Method
 
 
@@ -68,9 +68,11 @@ def ecpo(step_rewards, anchors, group_ids, mask, *, gamma: float = 0.95, omega: 
       singleton: "zero" or "raw" for a one-trajectory episode group.
       num_groups: static number of episode groups, or None to remap ids.
       axis_name: mesh axis the batch is sharded over inside `shard_map`.
-      method: "auto" (the compiled CPU kernel where it applies, else "sequential"),
-        "sequential", "chunked" or "associative": how the step returns are solved
-        (`reverse_linear_recurrence`).
+      method: "auto": on one CPU device, for float32 arrays and hyperparameters known
+        when tracing, the whole computation by one compiled kernel (`native.anchor_groups`,
+        the same numbers but for the order of each row's reward sum); elsewhere the XLA
+        computation, its step returns by `reverse_linear_recurrence`'s "auto". "sequential",
+        "chunked" or "associative": the XLA computation, its returns solved that way.
 
     Returns:
       `[B, T]` advantages, 0 at masked steps.
@@ -113,14 +115,22 @@ def ecpo(step_rewards, anchors, group_ids, mask, *, gamma: float = 0.95, omega: 
     _check_eps(fn, eps)
     if _checks.is_concrete(kappa) and not (np.isfinite(float(kappa)) and float(kappa) >= 0.0):
         raise ValueError(f"{fn}: kappa={float(kappa)}; it must be finite and >= 0")
-    step_rewards, anchors, group_ids, mask, episode_scores, has_steps = _check_inputs(
+    step_rewards, anchors, group_ids, mask, episode_scores = _check_inputs(
         fn, step_rewards, anchors, group_ids, mask, episode_scores, gamma, omega)
-    dense, episode_advantages, returns = episode_advantages_and_returns(
-        fn, step_rewards, group_ids, mask, episode_scores, has_steps, gamma=gamma, std=std,
-        eps=eps, singleton=singleton, num_groups=num_groups, axis_name=axis_name, method=method)
-    step_ids, num_step_groups = _step_group_ids(dense.ids, anchors, axis_name)
-    step_advantages = _normalize(returns, step_ids, mask, num_step_groups, std=std, eps=eps,
-                                 singleton="zero", axis_name=axis_name)
-    weights = _evidence_weights(step_ids, mask, num_step_groups, kappa=kappa, axis_name=axis_name)
-    weights = weights.astype(step_advantages.dtype)
-    return jnp.where(mask, episode_advantages[:, None] + omega * weights * step_advantages, 0.0)
+    dense = _dense_ids(fn, group_ids, num_groups, axis_name)
+
+    def xla(step_rewards, anchors, episode_ids, mask, episode_scores):
+        advantages = episode_advantages(step_rewards, episode_ids, mask, episode_scores,
+                                        num_groups=dense.num_groups, std=std, eps=eps,
+                                        singleton=singleton, axis_name=axis_name)
+        returns = step_returns(step_rewards, mask, gamma=gamma, method=method)
+        step_ids, num_step_groups = _step_group_ids(episode_ids, anchors, axis_name)
+        step_advantages = _normalize(returns, step_ids, mask, num_step_groups, std=std, eps=eps,
+                                     singleton="zero", axis_name=axis_name)
+        weights = _evidence_weights(step_ids, mask, num_step_groups, kappa=kappa,
+                                    axis_name=axis_name).astype(step_advantages.dtype)
+        return jnp.where(mask, advantages[:, None] + omega * weights * step_advantages, 0.0)
+
+    return fused_on_cpu(xla, step_rewards, anchors, dense.ids, mask, episode_scores, gamma=gamma,
+                        omega=omega, std=std, eps=eps, singleton=singleton, method=method,
+                        axis_name=axis_name, kappa=kappa)

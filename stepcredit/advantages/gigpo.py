@@ -73,31 +73,71 @@ def _check_inputs(fn, step_rewards, anchors, group_ids, mask, episode_scores, ga
     if _checks.is_concrete(omega) and not np.isfinite(float(omega)):
         raise ValueError(f"{fn}: omega={float(omega)}; it must be finite")
     _checks.finite_where(fn, "step_rewards", step_rewards, mask)
-    has_steps = jnp.any(mask, axis=1)
     if episode_scores is not None:
         episode_scores = _checks.float_array(fn, "episode_scores", episode_scores, rank=1)
         _checks.leading_dim(fn, step_rewards.shape[0], episode_scores=episode_scores)
-        _checks.finite_where(fn, "episode_scores", episode_scores, has_steps)
-    return step_rewards, anchors, group_ids, mask, episode_scores, has_steps
+        _checks.finite_where(fn, "episode_scores", episode_scores, jnp.any(mask, axis=1))
+    return step_rewards, anchors, group_ids, mask, episode_scores
 
 
-def episode_advantages_and_returns(fn: str, step_rewards, group_ids, mask, episode_scores,
-                                   has_steps, *, gamma, std: str, eps: float, singleton: str,
-                                   num_groups: int | None, axis_name: str | None, method: str):
-    """GiGPO's episode advantages A^E `[B]` (group-normalised episode scores, by default
-    the masked sum of step rewards) and the discounted step returns `[B, T]` that its step
-    groups normalise, with the dense group ids; shared by the GiGPO family (ECPO, HGPO).
-    Inputs as `gigpo` takes them after `_check_inputs`."""
-    dense = _dense_ids(fn, group_ids, num_groups, axis_name)
-    clean_rewards = jnp.where(mask, step_rewards, 0.0)
+def episode_advantages(step_rewards, episode_ids, mask, episode_scores, *, num_groups: int,
+                       std: str, eps: float, singleton: str, axis_name: str | None) -> jax.Array:
+    """GiGPO's episode advantages A^E `[B]`: the episode scores (by default the masked sum
+    of the step rewards) normalised within their episode groups (dense `episode_ids`),
+    over the rows with a valid step; shared by the GiGPO family (ECPO, HGPO)."""
     if episode_scores is None:
-        episode_scores = jnp.sum(clean_rewards, axis=1)
-    episode_advantages = _normalize(episode_scores, dense.ids, has_steps, dense.num_groups,
-                                    std=std, eps=eps, singleton=singleton, axis_name=axis_name)
-    returns = reverse_linear_recurrence(
+        episode_scores = jnp.sum(jnp.where(mask, step_rewards, 0.0), axis=1)
+    return _normalize(episode_scores, episode_ids, jnp.any(mask, axis=1), num_groups, std=std,
+                      eps=eps, singleton=singleton, axis_name=axis_name)
+
+
+def step_returns(step_rewards, mask, *, gamma, method: Method) -> jax.Array:
+    """`[B, T]` discounted returns R_t = r_t + gamma R_{t+1} over the valid steps (an invalid
+    step passes R on), 0 after each row's last valid step."""
+    clean_rewards = jnp.where(mask, step_rewards, 0.0)
+    return reverse_linear_recurrence(
         clean_rewards, jnp.where(mask, gamma, 1.0).astype(step_rewards.dtype),
         jnp.zeros_like(clean_rewards[:, 0]), method=method)
-    return dense, episode_advantages, returns
+
+
+def fused_on_cpu(xla, step_rewards, anchors, episode_ids, mask, episode_scores, *, gamma,
+                 omega, std: str, eps, singleton: str, method: Method, axis_name: str | None,
+                 depth_weights: jax.Array | None = None, min_depth: int = 1,
+                 kappa=None) -> jax.Array:
+    """A GiGPO-family estimator's `[B, T]` advantages.
+
+    `xla(step_rewards, anchors, episode_ids, mask, episode_scores)` is the estimator's own
+    computation (`episode_scores` None or `[B]`); on one CPU device, for float32 arrays,
+    hyperparameters known when tracing and method "auto", the compiled kernel
+    `native.anchor_groups` (one pass per episode group where XLA:CPU runs a dozen over
+    the batch) gives the same numbers instead, once it is built (to float32 rounding: it
+    sums each row's rewards in step order). `depth_weights` `[D + 1]` and `min_depth` are
+    HGPO's (None: GiGPO's single depth), `kappa` ECPO's.
+    """
+    given = () if episode_scores is None else (episode_scores,)
+    hyperparameters = (gamma, omega, eps) + (() if kappa is None else (kappa,))
+    if (axis_name is not None or method != "auto" or std not in ("unbiased", "biased", "none")
+            or any(x.dtype != jnp.float32 for x in (step_rewards, *given))
+            or not _checks.is_concrete(*hyperparameters)):
+        return xla(step_rewards, anchors, episode_ids, mask, episode_scores)
+    if depth_weights is None:
+        depth_weights = jnp.array([0.0, 1.0], jnp.float32)
+
+    def default(step_rewards, anchors, episode_ids, mask, depth_weights, *scores):
+        return xla(step_rewards, anchors, episode_ids, mask, scores[0] if scores else None)
+
+    def on_cpu(step_rewards, anchors, episode_ids, mask, depth_weights, *scores):
+        if native.build_error():
+            return default(step_rewards, anchors, episode_ids, mask, depth_weights, *scores)
+        return native.anchor_groups(step_rewards, anchors, episode_ids, mask,
+                                    scores[0] if scores else None, depth_weights, gamma=gamma,
+                                    omega=omega, std=std, eps=eps, singleton=singleton,
+                                    min_depth=min_depth, kappa=kappa)
+
+    # The platform is known only at lowering, so the choice is made there.
+    return jax.lax.platform_dependent(step_rewards, anchors, episode_ids, mask,
+                                      depth_weights.astype(jnp.float32), *given, cpu=on_cpu,
+                                      default=default)
 
 
 def gigpo(step_rewards, anchors, group_ids, mask, *, gamma: float = 0.95, omega: float = 1.0,
@@ -145,9 +185,11 @@ def gigpo(step_rewards, anchors, group_ids, mask, *, gamma: float = 0.95, omega:
       num_groups: static number of episode groups, or None to remap ids.
       axis_name: mesh axis the batch is sharded over inside `shard_map`, so
         that episode and step groups may span devices.
-      method: "auto" (the compiled CPU kernel where it applies, else "sequential"),
-        "sequential", "chunked" or "associative": how the step returns are solved
-        (`reverse_linear_recurrence`).
+      method: "auto": on one CPU device, for float32 arrays and hyperparameters known
+        when tracing, the whole computation by one compiled kernel (`native.anchor_groups`,
+        the same numbers but for the order of each row's reward sum); elsewhere the XLA
+        computation, its step returns by `reverse_linear_recurrence`'s "auto". "sequential",
+        "chunked" or "associative": the XLA computation, its returns solved that way.
 
     Returns:
       `[B, T]` advantages, 0 at masked steps.
@@ -192,12 +234,20 @@ def gigpo(step_rewards, anchors, group_ids, mask, *, gamma: float = 0.95, omega:
     _check_option(fn, "std", std, STDS)
     _check_option(fn, "singleton", singleton, SINGLETONS)
     _check_eps(fn, eps)
-    step_rewards, anchors, group_ids, mask, episode_scores, has_steps = _check_inputs(
+    step_rewards, anchors, group_ids, mask, episode_scores = _check_inputs(
         fn, step_rewards, anchors, group_ids, mask, episode_scores, gamma, omega)
-    dense, episode_advantages, returns = episode_advantages_and_returns(
-        fn, step_rewards, group_ids, mask, episode_scores, has_steps, gamma=gamma, std=std,
-        eps=eps, singleton=singleton, num_groups=num_groups, axis_name=axis_name, method=method)
-    step_ids, num_step_groups = _step_group_ids(dense.ids, anchors, axis_name)
-    step_advantages = _normalize(returns, step_ids, mask, num_step_groups, std=std, eps=eps,
-                                 singleton="zero", axis_name=axis_name)
-    return jnp.where(mask, episode_advantages[:, None] + omega * step_advantages, 0.0)
+    dense = _dense_ids(fn, group_ids, num_groups, axis_name)
+
+    def xla(step_rewards, anchors, episode_ids, mask, episode_scores):
+        advantages = episode_advantages(step_rewards, episode_ids, mask, episode_scores,
+                                        num_groups=dense.num_groups, std=std, eps=eps,
+                                        singleton=singleton, axis_name=axis_name)
+        returns = step_returns(step_rewards, mask, gamma=gamma, method=method)
+        step_ids, num_step_groups = _step_group_ids(episode_ids, anchors, axis_name)
+        step_advantages = _normalize(returns, step_ids, mask, num_step_groups, std=std, eps=eps,
+                                     singleton="zero", axis_name=axis_name)
+        return jnp.where(mask, advantages[:, None] + omega * step_advantages, 0.0)
+
+    return fused_on_cpu(xla, step_rewards, anchors, dense.ids, mask, episode_scores, gamma=gamma,
+                        omega=omega, std=std, eps=eps, singleton=singleton, method=method,
+                        axis_name=axis_name)

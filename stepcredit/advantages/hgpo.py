@@ -21,10 +21,10 @@ import jax.numpy as jnp
 import numpy as np
 
 from stepcredit.advantages import _checks
-from stepcredit.advantages.gigpo import (_check_inputs, _pair_ids,
-                                         episode_advantages_and_returns)
+from stepcredit.advantages.gigpo import (_check_inputs, _pair_ids, episode_advantages,
+                                         fused_on_cpu, step_returns)
 from stepcredit.advantages.group import (SINGLETONS, STDS, _check_eps, _check_option,
-                                         _normalize)
+                                         _dense_ids, _normalize)
 from stepcredit.advantages.recurrence import Method
 
 
@@ -117,8 +117,11 @@ def hgpo(step_rewards, anchors, group_ids, mask, *, gamma: float = 0.95, omega: 
       eps: added to every std (1e-6).
       singleton: "zero" or "raw" for a one-trajectory episode group.
       num_groups: static number of episode groups, or None to remap ids.
-      method: "auto", "sequential", "chunked" or "associative": how the returns are
-        solved (`reverse_linear_recurrence`).
+      method: "auto": on one CPU device, for float32 arrays and hyperparameters known
+        when tracing, the whole computation by one compiled kernel (`native.anchor_groups`,
+        the same numbers but for the order of each row's reward sum); elsewhere the XLA
+        computation, its step returns by `reverse_linear_recurrence`'s "auto". "sequential",
+        "chunked" or "associative": the XLA computation, its returns solved that way.
 
     Returns:
       `[B, T]` advantages, 0 at masked steps.
@@ -165,37 +168,49 @@ def hgpo(step_rewards, anchors, group_ids, mask, *, gamma: float = 0.95, omega: 
     _check_option(fn, "singleton", singleton, SINGLETONS)
     _check_eps(fn, eps)
     _check_depths(fn, max_depth, min_depth, alpha)
-    step_rewards, anchors, group_ids, mask, episode_scores, has_steps = _check_inputs(
+    step_rewards, anchors, group_ids, mask, episode_scores = _check_inputs(
         fn, step_rewards, anchors, group_ids, mask, episode_scores, gamma, omega)
-    dense, episode_advantages, returns = episode_advantages_and_returns(
-        fn, step_rewards, group_ids, mask, episode_scores, has_steps, gamma=gamma, std=std,
-        eps=eps, singleton=singleton, num_groups=num_groups, axis_name=None, method=method)
-    num_segments = max(mask.size, dense.num_groups, 1)
-    values = returns.reshape(-1)
-    anchors = anchors.astype(jnp.int32)
-    key = jnp.broadcast_to(dense.ids[:, None], mask.shape).reshape(-1)
-    # The steps whose depth-(d-1) group holds another valid step: by nesting, the only
-    # ones whose depth-d group can, and every valid member of such a group is one.
-    active = mask.reshape(-1)
-    total = jnp.zeros_like(values)
-    weight = jnp.zeros_like(values)
-    for depth in range(max_depth + 1):
-        if depth:
-            key = _deepen(key, anchors, depth - 1, active)
-        if depth < min_depth:
-            continue
-        # |G_d| over the active steps is |G_d| over the valid ones (see `active`).
-        count = jax.ops.segment_sum(active.astype(jnp.int32), key, num_segments)[key]
-        live = active & (count >= 2)
-        # Dead steps (singletons, padding) go to one extra segment with no valid member, so
-        # the group kernel keeps statistics only for live groups; their A_d (0) has weight 0.
-        advantages = _normalize(values, jnp.where(live, key, num_segments), live,
-                                num_segments + 1, std=std, eps=eps, singleton="zero",
-                                axis_name=None)
-        w = jnp.where(live, jnp.asarray(depth - min_depth + 1.0, values.dtype) ** alpha, 0.0)
-        total = total + w * advantages
-        weight = weight + w
-        active = live
-    step_advantages = jnp.where(weight > 0, total / jnp.where(weight > 0, weight, 1.0), 0.0)
-    return jnp.where(mask, episode_advantages[:, None] + omega * step_advantages.reshape(mask.shape),
-                     0.0)
+    dense = _dense_ids(fn, group_ids, num_groups, None)
+    dtype = step_rewards.dtype
+    # Depth d >= min_depth weighs (d - min_depth + 1)^alpha; the shallower ones are unused.
+    depth_weights = jnp.stack([jnp.asarray(depth - min_depth + 1.0, dtype) ** alpha
+                               if depth >= min_depth else jnp.zeros((), dtype)
+                               for depth in range(max_depth + 1)])
+
+    def xla(step_rewards, anchors, episode_ids, mask, episode_scores):
+        episode = episode_advantages(step_rewards, episode_ids, mask, episode_scores,
+                                     num_groups=dense.num_groups, std=std, eps=eps,
+                                     singleton=singleton, axis_name=None)
+        values = step_returns(step_rewards, mask, gamma=gamma, method=method).reshape(-1)
+        num_segments = max(mask.size, dense.num_groups, 1)
+        anchors = anchors.astype(jnp.int32)
+        key = jnp.broadcast_to(episode_ids[:, None], mask.shape).reshape(-1)
+        # The steps whose depth-(d-1) group holds another valid step: by nesting, the only
+        # ones whose depth-d group can, and every valid member of such a group is one.
+        active = mask.reshape(-1)
+        total = jnp.zeros_like(values)
+        weight = jnp.zeros_like(values)
+        for depth in range(max_depth + 1):
+            if depth:
+                key = _deepen(key, anchors, depth - 1, active)
+            if depth < min_depth:
+                continue
+            # |G_d| over the active steps is |G_d| over the valid ones (see `active`).
+            count = jax.ops.segment_sum(active.astype(jnp.int32), key, num_segments)[key]
+            live = active & (count >= 2)
+            # Dead steps (singletons, padding) go to one extra segment with no valid member,
+            # so the group kernel keeps statistics only for live groups; their A_d (0) has
+            # weight 0.
+            advantages = _normalize(values, jnp.where(live, key, num_segments), live,
+                                    num_segments + 1, std=std, eps=eps, singleton="zero",
+                                    axis_name=None)
+            w = jnp.where(live, depth_weights[depth], 0.0)
+            total = total + w * advantages
+            weight = weight + w
+            active = live
+        step_advantages = jnp.where(weight > 0, total / jnp.where(weight > 0, weight, 1.0), 0.0)
+        return jnp.where(mask, episode[:, None] + omega * step_advantages.reshape(mask.shape), 0.0)
+
+    return fused_on_cpu(xla, step_rewards, anchors, dense.ids, mask, episode_scores, gamma=gamma,
+                        omega=omega, std=std, eps=eps, singleton=singleton, method=method,
+                        axis_name=None, depth_weights=depth_weights, min_depth=min_depth)

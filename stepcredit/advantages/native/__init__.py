@@ -24,7 +24,11 @@ modulation in four passes (`empg.cc`), where XLA:CPU runs about twenty kernels,
 and `information_gain` IGPO's turn gains in two (`information_gain.cc`); their
 exponentials make them equal to the XLA computations to float32 rounding, not
 bit for bit. `last_valid` marks each row's last valid position (`last_valid.cc`),
-where XLA:CPU runs an argmax.
+where XLA:CPU runs an argmax. `anchor_groups` is GiGPO's, ECPO's and HGPO's whole
+computation (`anchor_groups.cc`): episode scores and their normalisation, step returns,
+the anchor groups at every history depth and theirs, one episode group at a time and
+the episode groups shared among XLA's threads, where XLA:CPU runs a dozen passes over
+the batch per depth.
 
 The C++ sources are compiled with the system compiler (`$CXX`, else `c++`) the
 first time a process uses it, against the XLA FFI headers that jaxlib ships,
@@ -59,9 +63,10 @@ from stepcredit.advantages import _checks
 _SOURCES = tuple(os.path.join(os.path.dirname(__file__), name)
                  for name in ("masked_gae.cc", "pair_ids.cc", "recurrence.cc",
                               "group_normalize.cc", "tokens.cc", "empg.cc",
-                              "information_gain.cc", "last_valid.cc"))
+                              "information_gain.cc", "last_valid.cc", "anchor_groups.cc"))
 # Included by the sources: part of the build's cache key, not compiled alone.
-_HEADERS = (os.path.join(os.path.dirname(__file__), "simd.h"),)
+_HEADERS = tuple(os.path.join(os.path.dirname(__file__), name)
+                 for name in ("simd.h", "group_stats.h"))
 # FFI target name -> the handler symbol in the library.
 _TARGET = "stepcredit_masked_gae_f32"
 _PAIR_TARGET = "stepcredit_pair_ids_s32"
@@ -72,12 +77,14 @@ _STEP_SUMS_TARGET = "stepcredit_tokens_to_steps_f32"
 _EMPG_TARGET = "stepcredit_empg_f32"
 _GAIN_TARGET = "stepcredit_information_gain_f32"
 _LAST_TARGET = "stepcredit_last_valid"
+_ANCHOR_TARGET = "stepcredit_anchor_groups_f32"
 _SYMBOLS = {_TARGET: "StepcreditMaskedGaeF32", _PAIR_TARGET: "StepcreditPairIdsS32",
             _RECURRENCE_TARGET: "StepcreditLinearRecurrenceF32",
             _NORMALIZE_TARGET: "StepcreditGroupNormalizeF32",
             _BROADCAST_TARGET: "StepcreditStepsToTokensF32",
             _STEP_SUMS_TARGET: "StepcreditTokensToStepsF32", _EMPG_TARGET: "StepcreditEmpgF32",
-            _GAIN_TARGET: "StepcreditInformationGainF32", _LAST_TARGET: "StepcreditLastValid"}
+            _GAIN_TARGET: "StepcreditInformationGainF32", _LAST_TARGET: "StepcreditLastValid",
+            _ANCHOR_TARGET: "StepcreditAnchorGroupsF32"}
 _FLAGS = ("-O3", "-march=native", "-std=c++17", "-shared", "-fPIC", "-w")
 
 
@@ -458,3 +465,74 @@ def last_valid(mask: jax.Array) -> jax.Array:
     call = jax.ffi.ffi_call(_LAST_TARGET, jax.ShapeDtypeStruct(mask.shape, jnp.bool_),
                             vmap_method="broadcast_all")
     return _vary_over(call(*operands), varying)
+
+
+def anchor_groups(step_rewards: jax.Array, anchors: jax.Array, episode_ids: jax.Array,
+                  mask: jax.Array, episode_scores: jax.Array | None, depth_weights: jax.Array, *,
+                  gamma: float, omega: float, std: str, eps: float, singleton: str,
+                  min_depth: int = 1, kappa: float | None = None) -> jax.Array:
+    """The GiGPO family's advantages (`gigpo`, `ecpo`, `hgpo`) by the compiled CPU kernel.
+
+    For row b with valid steps t, episode score S_b (the sum of its valid step rewards,
+    in step order, unless `episode_scores` is given), discounted returns
+    R_t = r_t + gamma R_{t+1} (invalid steps pass R on), and G_d(b, t) the valid steps
+    of b's episode group whose last d anchors equal those of (b, t) (positions before a
+    row's start count as one more state; G_0 the whole episode group), live_d the steps
+    live at depth d - 1 with a second such step in G_d (every valid step is live before
+    `min_depth`):
+
+        A^E = S normalised over the episode group's rows with a valid step
+        A_d = R normalised over the live members of G_d     (both as `group._normalize`)
+        A^S = sum_d w_d A_d [live_d] / sum_d w_d [live_d]     (0 where none is live)
+        out = A^E + omega A^S, or A^E + omega n / max(n + kappa, tiny) A^S with kappa
+              (ECPO; n = |G_1|), 0 at invalid steps.
+
+    GiGPO is depth_weights [0, 1] with min_depth 1; HGPO weights depths min_depth..D.
+    Equal to the XLA computations of `gigpo`, `ecpo` and `hgpo` bit for bit with
+    `episode_scores` given (HGPO: to float32 rounding, as XLA:CPU fuses its last
+    multiply-add or not), and to float32 rounding without, since XLA:CPU adds a row's
+    rewards in a tree. The episode groups are shared among XLA's CPU threads.
+
+    Args:
+      step_rewards: `[B, T]` float32.
+      anchors: `[B, T]` int32 state ids.
+      episode_ids: `[B]` int32 episode group of each row.
+      mask: `[B, T]` bool.
+      episode_scores: `[B]` float32 S, or None for the sums of the valid step rewards.
+      depth_weights: `[D + 1]` float32 w_d (D >= 1; entries below min_depth unused).
+      gamma, omega, eps, kappa: known when tracing.
+      std: "unbiased", "biased" or "none", at both levels.
+      singleton: "zero" or "raw", for a one-row episode group.
+      min_depth: 0 or 1.
+
+    Returns:
+      `[B, T]` float32 advantages.
+
+    Raises:
+      TypeError: arrays not float32 or hyperparameters traced.
+      NativeBuildError: the kernel could not be built.
+
+    References:
+      GiGPO, arXiv 2505.10978; ECPO and HGPO as cited by `ecpo` and `hgpo`.
+    """
+    given = episode_scores is not None
+    scores = episode_scores if given else jnp.zeros(step_rewards.shape[:1], jnp.float32)
+    floats = (step_rewards, scores, depth_weights)
+    hyperparameters = (gamma, omega, eps) + (() if kappa is None else (kappa,))
+    if (not all(jnp.result_type(x) == jnp.float32 for x in floats)
+            or not _checks.is_concrete(*hyperparameters)):
+        raise TypeError("anchor_groups: the kernel takes float32 arrays and hyperparameters "
+                        "known when tracing")
+    _register()
+    varying, operands = _aligned(step_rewards, anchors.astype(jnp.int32),
+                                 episode_ids.astype(jnp.int32), mask, scores, depth_weights)
+    # "sequential": each batch member's groups are its own.
+    call = jax.ffi.ffi_call(_ANCHOR_TARGET,
+                            jax.ShapeDtypeStruct(step_rewards.shape, jnp.float32),
+                            vmap_method="sequential")
+    out = call(*operands, gamma=np.float32(gamma), omega=np.float32(omega),
+               kappa=np.float32(0.0 if kappa is None else kappa), shrink=kappa is not None,
+               given_scores=given, std=np.int32(_STD_CODES[std]), eps=np.float32(eps),
+               one_plus_eps=np.float32(1.0 + float(eps)), singleton_raw=singleton == "raw",
+               min_depth=np.int64(min_depth))
+    return _vary_over(out, varying)

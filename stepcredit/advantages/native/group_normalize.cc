@@ -46,23 +46,12 @@
 #endif
 
 #include "simd.h"
+#include "group_stats.h"
 
 namespace ffi = xla::ffi;
 using namespace stepcredit;  // NOLINT: the shared vector helpers
 
 namespace {
-
-// kLeaveOneOut: (v - mean) n / max(n - 1, 1), RLOO's centring (no std, no eps).
-enum Std : int32_t { kUnbiased = 0, kBiased = 1, kNone = 2, kLeaveOneOut = 3 };
-
-// A group's accumulators. `epoch` names the call that last reset it, so a call
-// resets only the groups it meets, when it first meets them.
-struct Group {
-  float count, largest, high, low;  // largest: max |v|
-  float total, squares, scale;
-  int64_t last;  // the index of its last element
-  uint64_t epoch;
-};
 
 // A maximal stretch of equal ids.
 struct Run {
@@ -199,24 +188,6 @@ inline void Transpose(f32x8 r[kLanes]) {
   }
   for (int k = 0; k < kLanes; ++k) r[k] = c[k];
 #endif
-}
-
-// 2^-e for the exponent e of frexp(largest) (largest = m 2^e, m in [0.5, 1)), e
-// clipped to [-125, 126]; e = 0 for 0, an infinity or a NaN. Read off the float's
-// bits: frexp and ldexp are library calls, a sixth of the kernel's time where
-// groups have a few members each.
-inline float ScaleOf(float largest) {
-  uint32_t bits;
-  std::memcpy(&bits, &largest, sizeof bits);
-  const int32_t biased = static_cast<int32_t>((bits >> 23) & 0xff);
-  // A subnormal's exponent is below -125 and clips to it.
-  const int32_t exponent = largest == 0.0f || biased == 0xff ? 0
-                           : biased == 0                    ? -125
-                                                             : std::clamp(biased - 126, -125, 126);
-  const uint32_t scale_bits = static_cast<uint32_t>(127 - exponent) << 23;
-  float scale;
-  std::memcpy(&scale, &scale_bits, sizeof scale);
-  return scale;
 }
 
 // One pass of in-order sums over the runs of kChunks = 8 chunks (chunk c holds
@@ -451,22 +422,7 @@ void NormalizeInOrder(const float* v, const int32_t* id, const uint8_t* valid, i
   } else {
     DirectSums<1>(v, valid, id, whole, at, touched, groups);
   }
-  // Per group: `total` becomes the mean, `squares` the divisor (1 for std "none":
-  // x / 1 is x; n - 1 for leave-one-out, whose factor is `count`), `scale` the output's rule: 0 all equal (or no valid member),
-  // 1 a singleton kept raw, 2 normalised.
-  for (int32_t g : touched) {
-    Group& group = groups[g];
-    const float variance =
-        std_mode == kUnbiased
-            ? (group.count >= 2.0f ? group.squares / std::max(group.count - 1.0f, 1.0f) : 0.0f)
-            : group.squares / std::max(group.count, 1.0f);
-    const float root = variance > 0.0f ? std::sqrt(variance) : 0.0f;
-    group.total = group.total / group.scale;
-    group.squares = std_mode == kLeaveOneOut ? std::max(group.count - 1.0f, 1.0f)
-                    : std_mode == kNone      ? 1.0f
-                                             : root / group.scale + eps;
-    group.scale = singleton_raw && group.count == 1.0f ? 1.0f : group.high <= group.low ? 0.0f : 2.0f;
-  }
+  for (int32_t g : touched) Finish(std_mode, eps, singleton_raw, groups[g]);
   // Out-of-range ids read the nearest group, as XLA's gather clamps them; a group
   // that holds no element reads as all equal (0).
   const float raw_divisor = std_mode == kNone || std_mode == kLeaveOneOut ? 1.0f : one_plus_eps;
@@ -485,10 +441,7 @@ void NormalizeInOrder(const float* v, const int32_t* id, const uint8_t* valid, i
   }
   for (int64_t i = 0; i < n; ++i) {
     const auto [g, rule] = read(id[i]);
-    const float factor = std_mode == kLeaveOneOut ? g->count : 1.0f;
-    const float quotient = g->squares > 0.0f ? (v[i] - g->total) * factor / g->squares : 0.0f;
-    const float advantage = rule == 2.0f ? quotient : rule == 1.0f ? v[i] / raw_divisor : 0.0f;
-    result[i] = Keep(valid[i], advantage);
+    result[i] = Keep(valid[i], Advantage(*g, rule, std_mode, raw_divisor, v[i]));
   }
 }
 
