@@ -689,3 +689,54 @@ def test_the_gigpo_family_uses_the_kernel_on_cpu_only_where_it_applies(monkeypat
     monkeypatch.setattr(native, "build_error", lambda: "no compiler here")
     assert target not in lowered_text(lambda *args: adv.gigpo(*args), rewards, anchors, groups,
                                       mask)
+
+
+@pytest.mark.parametrize("std", ["unbiased", "biased", "none", "leave_one_out"])
+def test_the_turn_group_kernel_equals_the_transposed_group_normalisation(std):
+    group_module = importlib.import_module("stepcredit.advantages.group")  # not grpo's module
+    for seed, (batch, steps) in enumerate([(37, 9), (4096, 16), (23, 1), (5, 19)]):
+        rng = np.random.default_rng(seed)
+        mask = rng.random((batch, steps)) < 0.75
+        values = np.where(mask, rng.normal(size=(batch, steps)) * 10.0 ** (seed - 1),
+                          np.nan).astype(np.float32)
+        values[:, 0] = np.where(mask[:, 0], 3.0, np.nan)  # a turn whose values are all equal
+        ids = rng.integers(0, max(batch // 4, 1), batch).astype(np.int32)
+        num_groups = int(ids.max()) + 1
+        for singleton in ("zero", "raw"):
+            kernel = jax.jit(functools.partial(native.turn_groups, std=std, eps=1e-6,
+                                               singleton=singleton))(values, ids, mask)
+
+            def transposed(values, ids, mask, singleton=singleton):
+                segments = ids[:, None] * steps + jnp.arange(steps)[None, :]
+                return group_module._xla_normalize(
+                    values.T, segments.T, mask.T, num_groups=num_groups * steps, std=std,
+                    eps=1e-6, singleton=singleton, axis_name=None).T
+
+            np.testing.assert_array_equal(kernel, jax.jit(transposed)(values, ids, mask))
+    values[mask.nonzero()[0][0], mask.nonzero()[1][0]] = np.nan  # kept in its segment only
+    out = np.asarray(native.turn_groups(values, ids, mask, std=std, eps=1e-6, singleton="zero"))
+    np.testing.assert_array_equal(out, jax.jit(transposed)(values, ids, mask))
+    batched = jax.vmap(functools.partial(native.turn_groups, std=std, eps=1e-6,
+                                         singleton="zero"))(
+        np.stack([values, -values]), np.stack([ids, ids]), np.stack([mask, mask]))
+    np.testing.assert_array_equal(
+        batched[1], native.turn_groups(-values, ids, mask, std=std, eps=1e-6, singleton="zero"))
+
+
+def test_per_turn_baselines_use_the_turn_group_kernel_on_cpu_only(monkeypatch):
+    rng = np.random.default_rng(0)
+    rewards = rng.normal(size=(8, 5)).astype(np.float32)
+    ids = np.repeat(np.arange(2), 4).astype(np.int32)
+    mask = rng.random((8, 5)) < 0.8
+    target = native._TURN_TARGET
+    calls = {
+        "gtpo": lambda r, m: adv.gtpo(r, ids, m, num_groups=2),
+        "mt_grpo": lambda r, m: adv.mt_grpo(r, r.sum(axis=1), ids, m, num_groups=2,
+                                            final_turn="both"),
+    }
+    for call in calls.values():
+        assert target in lowered_text(call, rewards, mask)
+        assert target not in exported_text(call, "cuda", target, rewards, mask)
+        assert target not in lowered_text(call, rewards.astype(jnp.bfloat16), mask)
+    monkeypatch.setattr(native, "build_error", lambda: "no compiler here")
+    assert target not in lowered_text(lambda r, m: calls["gtpo"](r, m), rewards, mask)

@@ -287,6 +287,32 @@ def _normalize(values, ids, valid, num_groups, *, std, eps, singleton, axis_name
     return jax.lax.platform_dependent(values, ids, valid, cpu=on_cpu, default=xla)
 
 
+def _normalize_per_turn(values, ids, valid, num_groups, *, std, eps, singleton):
+    """`_normalize` of `[B, T]` values within (group, turn) segments: the rows of group
+    ids[b] (`[B]`, dense in [0, num_groups)) valid at the same turn t; one device.
+
+    On CPU, for float32 values and eps known when tracing, by the compiled kernel
+    (`native.turn_groups`, the same numbers bit for bit) once it is built; otherwise by
+    `_normalize` over the transposed batch, where each segment's members are consecutive.
+    """
+    num_steps = values.shape[1]
+
+    def xla(values, ids, valid):
+        segments = ids[:, None] * num_steps + jnp.arange(num_steps, dtype=ids.dtype)[None, :]
+        return _normalize(values.T, segments.T, valid.T, num_groups * max(num_steps, 1), std=std,
+                          eps=eps, singleton=singleton, axis_name=None).T
+
+    if values.dtype != jnp.float32 or not _checks.is_concrete(eps):
+        return xla(values, ids, valid)
+
+    def on_cpu(values, ids, valid):
+        if native.build_error():
+            return xla(values, ids, valid)
+        return native.turn_groups(values, ids, valid, std=std, eps=eps, singleton=singleton)
+
+    return jax.lax.platform_dependent(values, ids, valid, cpu=on_cpu, default=xla)
+
+
 def _xla_normalize(values, ids, valid, *, num_groups, std, eps, singleton, axis_name):
     stats = _group_stats(values, ids, valid, num_groups, axis_name)
     centered = values - stats.mean

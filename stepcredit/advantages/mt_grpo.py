@@ -9,8 +9,6 @@ every turn.
 
 from __future__ import annotations
 
-import functools
-
 import jax
 import jax.numpy as jnp
 
@@ -150,16 +148,14 @@ def mt_grpo(step_rewards, scores, group_ids, mask, *, lam: float = 1.0,
     outcome = group_lib.grpo(scores, dense.ids, num_groups=dense.num_groups, eps=eps, std=std,
                              axis_name=axis_name)
     credited = mask if final_turn == "both" else mask & ~final_turns(mask)
-    segments, num_segments = _turn_segments(dense.ids, dense.num_groups, mask.shape[1],
-                                            turn_baseline)
     rewards = jnp.where(credited, step_rewards, 0.0)
-    normalize = functools.partial(group_lib._normalize, num_groups=num_segments, std=std,
-                                  eps=eps, singleton="zero", axis_name=axis_name)
-    if turn_baseline == "per_turn":
-        # A segment's members lie T apart; transposed they are consecutive, which the
-        # compiled kernel sums far faster, in the same order (the same numbers).
-        turn = normalize(rewards.T, segments.T, credited.T).T
+    if turn_baseline == "per_turn" and axis_name is None:
+        turn = group_lib._normalize_per_turn(rewards, dense.ids, credited, dense.num_groups,
+                                             std=std, eps=eps, singleton="zero")
     else:
-        turn = normalize(rewards, segments, credited)
+        segments, num_segments = _turn_segments(dense.ids, dense.num_groups, mask.shape[1],
+                                                turn_baseline)
+        turn = group_lib._normalize(rewards, segments, credited, num_segments, std=std, eps=eps,
+                                    singleton="zero", axis_name=axis_name)
     advantages = jnp.where(credited, turn + lam * outcome[:, None], outcome[:, None])
     return jnp.where(mask, advantages, 0.0).astype(step_rewards.dtype)

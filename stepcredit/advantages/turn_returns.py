@@ -26,7 +26,7 @@ import jax.numpy as jnp
 from stepcredit.advantages import _checks
 from stepcredit.advantages.gae import discounted_returns
 from stepcredit.advantages.group import (SINGLETONS, STDS, _check_eps, _check_option, _dense_ids,
-                                         _normalize)
+                                         _normalize, _normalize_per_turn)
 from stepcredit.advantages.recurrence import Method
 
 BASELINES = ("same_turn", "all_turns")
@@ -54,19 +54,12 @@ def _turn_group_advantages(fn, step_rewards, group_ids, mask, *, gamma, baseline
                                                   baseline, std, eps, singleton)
     returns = discounted_returns(step_rewards, mask, gamma=gamma, method=method)
     dense = _dense_ids(fn, group_ids, num_groups, None)
-    num_steps = step_rewards.shape[1]
+    if baseline == "same_turn":
+        return _normalize_per_turn(returns, dense.ids, mask, dense.num_groups, std=std, eps=eps,
+                                   singleton=singleton)
     ids = jnp.broadcast_to(dense.ids[:, None], step_rewards.shape)
-    segments = dense.num_groups
-    if baseline == "same_turn":
-        ids = ids * num_steps + jnp.arange(num_steps, dtype=jnp.int32)[None, :]
-        segments = dense.num_groups * max(num_steps, 1)
-    if baseline == "same_turn":
-        # A segment's members lie T apart; transposed they are consecutive, which the
-        # compiled kernel sums far faster, in the same order (the same numbers).
-        return _normalize(returns.T, ids.T, mask.T, segments, std=std, eps=eps,
-                          singleton=singleton, axis_name=None).T
-    return _normalize(returns, ids, mask, segments, std=std, eps=eps, singleton=singleton,
-                      axis_name=None)
+    return _normalize(returns, ids, mask, dense.num_groups, std=std, eps=eps,
+                      singleton=singleton, axis_name=None)
 
 
 def gtpo(step_rewards, group_ids, mask, *, gamma: float = 0.9, baseline: str = "same_turn",

@@ -28,7 +28,9 @@ where XLA:CPU runs an argmax. `anchor_groups` is GiGPO's, ECPO's and HGPO's whol
 computation (`anchor_groups.cc`): episode scores and their normalisation, step returns,
 the anchor groups at every history depth and theirs, one episode group at a time and
 the episode groups shared among XLA's threads, where XLA:CPU runs a dozen passes over
-the batch per depth.
+the batch per depth; `turn_groups` the group normalisation within (episode group, turn)
+segments (`turn_groups.cc`), every turn of a row at once, where XLA:CPU transposes the
+batch so that the group kernel finds each segment's members together.
 
 The C++ sources are compiled with the system compiler (`$CXX`, else `c++`) the
 first time a process uses it, against the XLA FFI headers that jaxlib ships,
@@ -63,10 +65,11 @@ from stepcredit.advantages import _checks
 _SOURCES = tuple(os.path.join(os.path.dirname(__file__), name)
                  for name in ("masked_gae.cc", "pair_ids.cc", "recurrence.cc",
                               "group_normalize.cc", "tokens.cc", "empg.cc",
-                              "information_gain.cc", "last_valid.cc", "anchor_groups.cc"))
+                              "information_gain.cc", "last_valid.cc", "anchor_groups.cc",
+                              "turn_groups.cc"))
 # Included by the sources: part of the build's cache key, not compiled alone.
 _HEADERS = tuple(os.path.join(os.path.dirname(__file__), name)
-                 for name in ("simd.h", "group_stats.h"))
+                 for name in ("simd.h", "group_stats.h", "episode_rows.h"))
 # FFI target name -> the handler symbol in the library.
 _TARGET = "stepcredit_masked_gae_f32"
 _PAIR_TARGET = "stepcredit_pair_ids_s32"
@@ -78,13 +81,14 @@ _EMPG_TARGET = "stepcredit_empg_f32"
 _GAIN_TARGET = "stepcredit_information_gain_f32"
 _LAST_TARGET = "stepcredit_last_valid"
 _ANCHOR_TARGET = "stepcredit_anchor_groups_f32"
+_TURN_TARGET = "stepcredit_turn_groups_f32"
 _SYMBOLS = {_TARGET: "StepcreditMaskedGaeF32", _PAIR_TARGET: "StepcreditPairIdsS32",
             _RECURRENCE_TARGET: "StepcreditLinearRecurrenceF32",
             _NORMALIZE_TARGET: "StepcreditGroupNormalizeF32",
             _BROADCAST_TARGET: "StepcreditStepsToTokensF32",
             _STEP_SUMS_TARGET: "StepcreditTokensToStepsF32", _EMPG_TARGET: "StepcreditEmpgF32",
             _GAIN_TARGET: "StepcreditInformationGainF32", _LAST_TARGET: "StepcreditLastValid",
-            _ANCHOR_TARGET: "StepcreditAnchorGroupsF32"}
+            _ANCHOR_TARGET: "StepcreditAnchorGroupsF32", _TURN_TARGET: "StepcreditTurnGroupsF32"}
 _FLAGS = ("-O3", "-march=native", "-std=c++17", "-shared", "-fPIC", "-w")
 
 
@@ -535,4 +539,41 @@ def anchor_groups(step_rewards: jax.Array, anchors: jax.Array, episode_ids: jax.
                given_scores=given, std=np.int32(_STD_CODES[std]), eps=np.float32(eps),
                one_plus_eps=np.float32(1.0 + float(eps)), singleton_raw=singleton == "raw",
                min_depth=np.int64(min_depth))
+    return _vary_over(out, varying)
+
+
+def turn_groups(values: jax.Array, episode_ids: jax.Array, valid: jax.Array, *, std: str,
+                eps: float, singleton: str) -> jax.Array:
+    """`group._normalize` within (episode group, turn) segments, by the compiled CPU kernel.
+
+        out[b, t] = (v[b, t] - mean_g,t) / (std_g,t + eps),  g = episode_ids[b], over the
+                    rows of g valid at turn t
+
+    with `group._normalize`'s conventions and numbers bit for bit (each segment summed in
+    row order); the episode groups are shared among XLA's CPU threads.
+
+    Args:
+      values: `[B, T]` float32.
+      episode_ids: `[B]` int32.
+      valid: `[B, T]` bool.
+      std: "unbiased", "biased", "none" or "leave_one_out".
+      eps: known when tracing.
+      singleton: "zero" or "raw".
+
+    Returns:
+      `[B, T]` float32.
+
+    Raises:
+      TypeError: values not float32 or eps traced.
+      NativeBuildError: the kernel could not be built.
+    """
+    if jnp.result_type(values) != jnp.float32 or not _checks.is_concrete(eps):
+        raise TypeError("turn_groups: the kernel takes float32 values and eps known when tracing")
+    _register()
+    varying, operands = _aligned(values, episode_ids.astype(jnp.int32), valid)
+    # "sequential": each batch member's groups are its own.
+    call = jax.ffi.ffi_call(_TURN_TARGET, jax.ShapeDtypeStruct(values.shape, jnp.float32),
+                            vmap_method="sequential")
+    out = call(*operands, std=np.int32(_STD_CODES[std]), eps=np.float32(eps),
+               one_plus_eps=np.float32(1.0 + float(eps)), singleton_raw=singleton == "raw")
     return _vary_over(out, varying)

@@ -30,14 +30,10 @@
 // agree bit for bit and without them to float32 rounding.
 
 #include <algorithm>
-#include <atomic>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <limits>
-#include <memory>
-#include <numeric>
-#include <thread>
 #include <vector>
 
 #include "xla/ffi/api/ffi.h"
@@ -48,6 +44,7 @@
 #pragma GCC optimize("fp-contract=off")
 #endif
 
+#include "episode_rows.h"
 #include "group_stats.h"
 #include "simd.h"
 
@@ -107,9 +104,6 @@ class KeyTable {
   uint32_t stamp_ = 0;
   int32_t next_ = 0;
 };
-
-// Rows prefetched ahead of the one being gathered.
-constexpr int64_t kAhead = 4;
 
 struct Options {
   float gamma, omega, kappa;
@@ -289,50 +283,6 @@ void EpisodeGroup(const Options& o, const int32_t* anchors, int64_t steps, Buffe
         [&](int64_t e) { return weight[e] > 0.0f ? total[e] / weight[e] : 0.0f; });
 }
 
-// Runs work(part) for every part in [0, parts), on the calling thread and as many of
-// XLA's threads as are free: each part is claimed once, by whichever thread comes first,
-// so the call never waits for a task that has not started. A task that starts after
-// every part is claimed touches nothing but the shared counters.
-template <typename Work>
-void InParallel(ffi::ThreadPool& pool, int64_t parts, const Work& work) {
-  struct Progress {
-    std::atomic<int64_t> next{0}, done{0};
-  };
-  auto progress = std::make_shared<Progress>();
-  auto run = [progress, parts, &work] {
-    for (int64_t part; (part = progress->next.fetch_add(1)) < parts;) {
-      work(part);
-      progress->done.fetch_add(1, std::memory_order_release);
-    }
-  };
-  for (int64_t k = 1; k < parts; ++k) pool.Schedule([run] { run(); });
-  run();
-  while (progress->done.load(std::memory_order_acquire) < parts) std::this_thread::yield();
-}
-
-// The fewest rows a part is worth handing to another thread for.
-constexpr int64_t kRowsPerPart = 512;
-
-// The rows of `episode_ids` grouped by id, each group's rows in batch order: a counting
-// sort over the ids' range where it is small, else a stable sort.
-void SortRows(const int32_t* episode_ids, int64_t batch, std::vector<int32_t>& rows,
-              std::vector<int32_t>& starts) {
-  rows.resize(batch);
-  if (batch == 0) return;
-  const auto [low, high] = std::minmax_element(episode_ids, episode_ids + batch);
-  const int64_t range = static_cast<int64_t>(*high) - *low + 1;
-  if (range <= 4 * batch + 64) {
-    starts.assign(range + 1, 0);
-    for (int64_t r = 0; r < batch; ++r) ++starts[episode_ids[r] - *low + 1];
-    std::partial_sum(starts.begin(), starts.end(), starts.begin());
-    for (int64_t r = 0; r < batch; ++r) rows[starts[episode_ids[r] - *low]++] = r;
-  } else {
-    std::iota(rows.begin(), rows.end(), 0);
-    std::stable_sort(rows.begin(), rows.end(),
-                     [&](int32_t x, int32_t y) { return episode_ids[x] < episode_ids[y]; });
-  }
-}
-
 // The episode groups whose first rows lie in rows[begin, end), in full.
 void EpisodeGroups(const float* rewards, const int32_t* anchors, const int32_t* episode_ids,
                    const uint8_t* valid, const float* scores, const Options& o, int64_t steps,
@@ -398,20 +348,9 @@ void AnchorGroups(ffi::ThreadPool& pool, const float* rewards, const int32_t* an
   Sorting& sorting = PerThread<Sorting>();
   std::vector<int32_t>& rows = sorting.rows;
   SortRows(episode_ids, batch, rows, sorting.starts);
-  // Where each part's rows begin: at the first episode group starting at or after an
-  // equal share of the rows.
-  const int64_t threads = std::max<int64_t>(pool.num_threads(), 1);
-  const int64_t parts = std::clamp<int64_t>(batch / kRowsPerPart, 1, threads);
-  std::vector<int64_t> bounds(parts + 1, batch);
-  bounds[0] = 0;
   int64_t largest = 0;
-  for (int64_t first = 0, last, part = 1; first < batch; first = last) {
-    for (last = first + 1; last < batch && episode_ids[rows[last]] == episode_ids[rows[first]];
-         ++last) {
-    }
-    largest = std::max(largest, last - first);
-    while (part < parts && last >= part * batch / parts) bounds[part++] = last;
-  }
+  const std::vector<int64_t> bounds = Parts(pool, episode_ids, rows, &largest);
+  const int64_t parts = static_cast<int64_t>(bounds.size()) - 1;
   InParallel(pool, parts, [&](int64_t part) {
     EpisodeGroups(rewards, anchors, episode_ids, valid, scores, o, steps, rows, bounds[part],
                   bounds[part + 1], largest, out);

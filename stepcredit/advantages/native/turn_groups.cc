@@ -1,0 +1,231 @@
+// Group normalisation within (episode group, turn) segments: the CPU kernel behind
+// `group._normalize_per_turn` (MT-GRPO's per-turn baseline, GTPO's and Kevin's
+// same-turn baselines).
+//
+// For row b of episode group e(b) and turn t, over the rows b' of e(b) valid at t:
+//
+//   out[b, t] = (v[b, t] - mean_{b'} v[b', t]) / (std_{b'} v[b', t] + eps)
+//
+// with every convention of `group._normalize` (power-of-two scaled statistics, the
+// std options, a singleton's raw rule, all-equal groups and invalid elements 0).
+// XLA:CPU transposes the values, ids and mask so that each segment's members are
+// consecutive for the group kernel and transposes the result back, four passes
+// that each cost more than the normalisation; here each episode group's rows are
+// gathered once and every turn's statistics advance together along the row. Each
+// segment sums its members in row order, as the group kernel sums them in the
+// transposed order, so the two give the same float32 numbers.
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <vector>
+
+#include "xla/ffi/api/ffi.h"
+
+#if defined(__clang__)
+#pragma clang fp contract(off)
+#elif defined(__GNUC__)
+#pragma GCC optimize("fp-contract=off")
+#endif
+
+#include "episode_rows.h"
+#include "group_stats.h"
+#include "simd.h"
+
+namespace ffi = xla::ffi;
+using namespace stepcredit;  // NOLINT: the shared helpers
+
+namespace {
+
+struct Options {
+  int32_t std_mode;
+  float eps, one_plus_eps;
+  bool singleton_raw;
+};
+
+// vector(t) for t = 0, 8, ... while eight turns remain, then scalar(t) for each of the rest.
+template <typename Vector, typename Scalar>
+inline void Lanes(int64_t steps, Vector vector, Scalar scalar) {
+  int64_t t = 0;
+  for (; t + kLanes <= steps; t += kLanes) vector(t);
+  for (; t < steps; ++t) scalar(t);
+}
+
+// Every turn's statistics, one array per field, so that a pass over a row advances all
+// of them in vector registers.
+struct Turns {
+  std::vector<float> count, largest, high, low, total, squares, scale, divisor, factor, rule;
+  void Reset(int64_t steps) {
+    const float inf = std::numeric_limits<float>::infinity();
+    for (auto* field : {&count, &largest, &total, &squares}) field->assign(steps, 0.0f);
+    high.assign(steps, -inf);
+    low.assign(steps, inf);
+    for (auto* field : {&scale, &divisor, &factor, &rule}) field->resize(steps);
+  }
+};
+
+// The episode groups whose first rows lie in rows[begin, end), in full.
+void TurnGroups(const float* v, const uint8_t* valid, const int32_t* episode_ids,
+                const Options& o, int64_t steps, const std::vector<int32_t>& rows,
+                int64_t begin, int64_t end, float* out) {
+  const int64_t batch = static_cast<int64_t>(rows.size());
+  Turns& turns = PerThread<Turns>();
+  const float raw_divisor = o.std_mode == kNone || o.std_mode == kLeaveOneOut ? 1.0f
+                                                                             : o.one_plus_eps;
+  for (int64_t first = begin, last; first < end; first = last) {
+    const int32_t id = episode_ids[rows[first]];
+    for (last = first + 1; last < batch && episode_ids[rows[last]] == id; ++last) {
+    }
+    turns.Reset(steps);
+    float* __restrict count = turns.count.data();
+    float* __restrict largest = turns.largest.data();
+    float* __restrict high = turns.high.data();
+    float* __restrict low = turns.low.data();
+    float* __restrict total = turns.total.data();
+    float* __restrict squares = turns.squares.data();
+    float* __restrict scale = turns.scale.data();
+    // Each pass visits the rows in order, all turns of a row together: each segment's
+    // members come in row order.
+    auto pass = [&](auto visit) {
+      for (int64_t r = first; r < last; ++r) {
+        if (r + kAhead < last) {
+          __builtin_prefetch(v + rows[r + kAhead] * steps);
+          __builtin_prefetch(valid + rows[r + kAhead] * steps);
+        }
+        const int64_t offset = rows[r] * steps;
+        visit(v + offset, valid + offset, out + offset);
+      }
+    };
+    int32_t any_nan = 0;
+    pass([&](const float* x, const uint8_t* m, float*) {
+      Lanes(steps, [&](int64_t t) {
+        const i32x8 in = LoadMask(m + t);
+        const f32x8 value = Load(x + t);
+        const f32x8 magnitude = (f32x8)((i32x8)value & 0x7fffffff);
+        const f32x8 n = Load(count + t) + Keep(in, Splat(1.0f));
+        const f32x8 most = Load(largest + t), top = Load(high + t), bottom = Load(low + t);
+        const f32x8 new_most = (in != 0) & (magnitude > most) ? magnitude : most;
+        const f32x8 new_top = (in != 0) & (value > top) ? value : top;
+        const f32x8 new_bottom = (in != 0) & (value < bottom) ? value : bottom;
+        any_nan |= Fold(in & (value != value), [](i32x8 a, i32x8 b) { return a | b; });
+        std::memcpy(count + t, &n, sizeof n);
+        std::memcpy(largest + t, &new_most, sizeof new_most);
+        std::memcpy(high + t, &new_top, sizeof new_top);
+        std::memcpy(low + t, &new_bottom, sizeof new_bottom);
+      }, [&](int64_t t) {
+        if (!m[t]) return;
+        any_nan |= x[t] != x[t];
+        count[t] += 1.0f;
+        largest[t] = std::fabs(x[t]) > largest[t] ? std::fabs(x[t]) : largest[t];
+        high[t] = x[t] > high[t] ? x[t] : high[t];
+        low[t] = x[t] < low[t] ? x[t] : low[t];
+      });
+    });
+    if (any_nan) {  // again, with a max and min that keep a NaN
+      std::fill(largest, largest + steps, 0.0f);
+      pass([&](const float* x, const uint8_t* m, float*) {
+        for (int64_t t = 0; t < steps; ++t) {
+          if (!m[t]) continue;
+          largest[t] = Max(largest[t], std::fabs(x[t]));
+          high[t] = Max(high[t], x[t]);
+          low[t] = Min(low[t], x[t]);
+        }
+      });
+    }
+    for (int64_t t = 0; t < steps; ++t) scale[t] = ScaleOf(largest[t]);
+    // An invalid element adds +0, which changes no sum (see group_normalize.cc).
+    pass([&](const float* x, const uint8_t* m, float*) {
+      Lanes(steps, [&](int64_t t) {
+        const f32x8 sum = Load(total + t) + Keep(LoadMask(m + t), Load(x + t) * Load(scale + t));
+        std::memcpy(total + t, &sum, sizeof sum);
+      }, [&](int64_t t) { total[t] += Keep(m[t], x[t] * scale[t]); });
+    });
+    for (int64_t t = 0; t < steps; ++t) total[t] = total[t] / std::max(count[t], 1.0f);
+    pass([&](const float* x, const uint8_t* m, float*) {
+      Lanes(steps, [&](int64_t t) {
+        const f32x8 deviation =
+            Keep(LoadMask(m + t), Load(x + t) * Load(scale + t) - Load(total + t));
+        const f32x8 sum = Load(squares + t) + deviation * deviation;
+        std::memcpy(squares + t, &sum, sizeof sum);
+      }, [&](int64_t t) {
+        const float deviation = Keep(m[t], x[t] * scale[t] - total[t]);
+        squares[t] += deviation * deviation;
+      });
+    });
+    float* __restrict mean = turns.total.data();
+    float* __restrict divisor = turns.divisor.data();
+    float* __restrict factor = turns.factor.data();
+    float* __restrict rule = turns.rule.data();
+    for (int64_t t = 0; t < steps; ++t) {
+      Group group{count[t], largest[t], high[t], low[t], total[t], squares[t], scale[t], 0, 0};
+      Finish(o.std_mode, o.eps, o.singleton_raw, group);
+      mean[t] = group.total;
+      divisor[t] = group.squares;
+      rule[t] = group.scale;
+      factor[t] = o.std_mode == kLeaveOneOut ? group.count : 1.0f;
+    }
+    // `Advantage`, with selects.
+    const f32x8 zeros = Splat(0.0f);
+    pass([&](const float* x, const uint8_t* m, float* y) {
+      Lanes(steps, [&](int64_t t) {
+        const f32x8 value = Load(x + t), by = Load(divisor + t), kind = Load(rule + t);
+        const f32x8 quotient = by > 0.0f ? (value - Load(mean + t)) * Load(factor + t) / by : zeros;
+        const f32x8 advantage = kind == 2.0f ? quotient : kind == 1.0f ? value / raw_divisor : zeros;
+        const f32x8 kept = Keep(LoadMask(m + t), advantage);
+        std::memcpy(y + t, &kept, sizeof kept);
+      }, [&](int64_t t) {
+        const float quotient =
+            divisor[t] > 0.0f ? (x[t] - mean[t]) * factor[t] / divisor[t] : 0.0f;
+        const float advantage = rule[t] == 2.0f ? quotient
+                                : rule[t] == 1.0f ? x[t] / raw_divisor
+                                                  : 0.0f;
+        y[t] = Keep(m[t], advantage);
+      });
+    });
+  }
+}
+
+ffi::Error TurnGroupsF32(ffi::Buffer<ffi::F32> values, ffi::Buffer<ffi::S32> episode_ids,
+                         ffi::Buffer<ffi::PRED> valid, int32_t std_mode, float eps,
+                         float one_plus_eps, bool singleton_raw, ffi::ResultBuffer<ffi::F32> out,
+                         ffi::ThreadPool pool) {
+  const auto dims = values.dimensions();
+  if (dims.size() != 2) return ffi::Error::InvalidArgument("turn_groups: values must be [B, T]");
+  const int64_t batch = dims[0], steps = dims[1];
+  if (valid.element_count() != batch * steps || out->element_count() != batch * steps ||
+      episode_ids.element_count() != batch) {
+    return ffi::Error::InvalidArgument("turn_groups: inputs disagree in shape");
+  }
+  struct Sorting {
+    std::vector<int32_t> rows, starts;
+  };
+  Sorting& sorting = PerThread<Sorting>();
+  SortRows(episode_ids.typed_data(), batch, sorting.rows, sorting.starts);
+  int64_t largest = 0;
+  const std::vector<int64_t> bounds = Parts(pool, episode_ids.typed_data(), sorting.rows,
+                                            &largest);
+  const Options options{std_mode, eps, one_plus_eps, singleton_raw};
+  InParallel(pool, static_cast<int64_t>(bounds.size()) - 1, [&](int64_t part) {
+    // bool has no vector type: the mask is read as bytes.
+    TurnGroups(values.typed_data(), reinterpret_cast<const uint8_t*>(valid.typed_data()),
+               episode_ids.typed_data(), options, steps, sorting.rows, bounds[part],
+               bounds[part + 1], out->typed_data());
+  });
+  return ffi::Error::Success();
+}
+
+}  // namespace
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(StepcreditTurnGroupsF32, TurnGroupsF32,
+                              ffi::Ffi::Bind()
+                                  .Arg<ffi::Buffer<ffi::F32>>()   // values [B, T]
+                                  .Arg<ffi::Buffer<ffi::S32>>()   // episode ids [B]
+                                  .Arg<ffi::Buffer<ffi::PRED>>()  // valid [B, T]
+                                  .Attr<int32_t>("std")
+                                  .Attr<float>("eps")
+                                  .Attr<float>("one_plus_eps")
+                                  .Attr<bool>("singleton_raw")
+                                  .Ret<ffi::Buffer<ffi::F32>>()   // advantages [B, T]
+                                  .Ctx<ffi::ThreadPool>());
