@@ -723,7 +723,36 @@ def test_the_turn_group_kernel_equals_the_transposed_group_normalisation(std):
         batched[1], native.turn_groups(-values, ids, mask, std=std, eps=1e-6, singleton="zero"))
 
 
-def test_per_turn_baselines_use_the_turn_group_kernel_on_cpu_only(monkeypatch):
+@pytest.mark.parametrize("name", ["gtpo", "kevin", "mt_grpo"])
+def test_turn_level_estimators_by_the_turn_group_kernel_equal_their_xla_computation(
+        name, monkeypatch):
+    estimator = getattr(adv, name)
+    options = {"gtpo": [dict(baseline=b, gamma=0.7) for b in ("same_turn", "all_turns")],
+               "kevin": [dict(baseline=b, gamma=0.4) for b in ("same_turn", "all_turns")],
+               "mt_grpo": [dict(turn_baseline=b, final_turn=f, lam=0.6)
+                           for b in ("per_turn", "pooled") for f in ("outcome", "both")]}[name]
+    for seed, (batch, steps) in enumerate([(37, 9), (4096, 16), (23, 1), (5, 19)]):
+        rng = np.random.default_rng(seed)
+        mask = rng.random((batch, steps)) < 0.75
+        rewards = np.where(mask, rng.normal(size=(batch, steps)), np.nan).astype(np.float32)
+        scores = rng.normal(size=batch).astype(np.float32)
+        ids = rng.integers(0, max(batch // 4, 1), batch).astype(np.int32)
+        for std in ("unbiased", "none"):
+            for extra in options:
+                if name == "mt_grpo":
+                    def call(r, i, m, extra=extra, std=std):
+                        return estimator(r, scores, i, m, std=std, **extra)
+                else:
+                    def call(r, i, m, extra=extra, std=std):
+                        return estimator(r, i, m, std=std, singleton="raw", **extra)
+                kernel = jax.jit(call)(rewards, ids, mask)
+                with monkeypatch.context() as patch:
+                    patch.setattr(native, "build_error", lambda: "no compiler here")
+                    xla = jax.jit(lambda *args, call=call: call(*args))(rewards, ids, mask)
+                np.testing.assert_array_equal(kernel, xla)
+
+
+def test_turn_level_estimators_use_the_turn_group_kernel_on_cpu_only(monkeypatch):
     rng = np.random.default_rng(0)
     rewards = rng.normal(size=(8, 5)).astype(np.float32)
     ids = np.repeat(np.arange(2), 4).astype(np.int32)
@@ -731,6 +760,7 @@ def test_per_turn_baselines_use_the_turn_group_kernel_on_cpu_only(monkeypatch):
     target = native._TURN_TARGET
     calls = {
         "gtpo": lambda r, m: adv.gtpo(r, ids, m, num_groups=2),
+        "kevin": lambda r, m: adv.kevin(r, ids, m, num_groups=2),
         "mt_grpo": lambda r, m: adv.mt_grpo(r, r.sum(axis=1), ids, m, num_groups=2,
                                             final_turn="both"),
     }
@@ -738,5 +768,9 @@ def test_per_turn_baselines_use_the_turn_group_kernel_on_cpu_only(monkeypatch):
         assert target in lowered_text(call, rewards, mask)
         assert target not in exported_text(call, "cuda", target, rewards, mask)
         assert target not in lowered_text(call, rewards.astype(jnp.bfloat16), mask)
+    assert target not in lowered_text(lambda r, m: adv.gtpo(r, ids, m, num_groups=2,
+                                                            method="sequential",
+                                                            baseline="all_turns"),
+                                      rewards, mask)
     monkeypatch.setattr(native, "build_error", lambda: "no compiler here")
     assert target not in lowered_text(lambda r, m: calls["gtpo"](r, m), rewards, mask)

@@ -144,18 +144,38 @@ def mt_grpo(step_rewards, scores, group_ids, mask, *, lam: float = 1.0,
     step_rewards, mask, scores, group_ids = _checks.step_and_group_arrays(
         fn, "step_rewards", step_rewards, mask, scores, group_ids)
     _checks.finite_where(fn, "step_rewards", step_rewards, mask)
+    _checks.finite_where(fn, "scores", scores)
     dense = group_lib._dense_ids(fn, group_ids, num_groups, axis_name)
-    outcome = group_lib.grpo(scores, dense.ids, num_groups=dense.num_groups, eps=eps, std=std,
-                             axis_name=axis_name)
-    credited = mask if final_turn == "both" else mask & ~final_turns(mask)
-    rewards = jnp.where(credited, step_rewards, 0.0)
-    if turn_baseline == "per_turn" and axis_name is None:
-        turn = group_lib._normalize_per_turn(rewards, dense.ids, credited, dense.num_groups,
-                                             std=std, eps=eps, singleton="zero")
-    else:
-        segments, num_segments = _turn_segments(dense.ids, dense.num_groups, mask.shape[1],
-                                                turn_baseline)
-        turn = group_lib._normalize(rewards, segments, credited, num_segments, std=std, eps=eps,
-                                    singleton="zero", axis_name=axis_name)
-    advantages = jnp.where(credited, turn + lam * outcome[:, None], outcome[:, None])
-    return jnp.where(mask, advantages, 0.0).astype(step_rewards.dtype)
+
+    def xla(step_rewards, scores, episode_ids, mask):
+        outcome = group_lib.grpo(scores, episode_ids, num_groups=dense.num_groups, eps=eps,
+                                 std=std, axis_name=axis_name)
+        credited = mask if final_turn == "both" else mask & ~final_turns(mask)
+        rewards = jnp.where(credited, step_rewards, 0.0)
+        if turn_baseline == "per_turn" and axis_name is None:
+            turn = group_lib._normalize_per_turn(rewards, episode_ids, credited,
+                                                 dense.num_groups, std=std, eps=eps,
+                                                 singleton="zero")
+        else:
+            segments, num_segments = _turn_segments(episode_ids, dense.num_groups,
+                                                    mask.shape[1], turn_baseline)
+            turn = group_lib._normalize(rewards, segments, credited, num_segments, std=std,
+                                        eps=eps, singleton="zero", axis_name=axis_name)
+        advantages = jnp.where(credited, turn + lam * outcome[:, None], outcome[:, None])
+        return jnp.where(mask, advantages, 0.0).astype(step_rewards.dtype)
+
+    arrays = (step_rewards, scores, dense.ids, mask)
+    if (axis_name is not None or any(x.dtype != jnp.float32 for x in (step_rewards, scores))
+            or not _checks.is_concrete(eps, lam)):
+        return xla(*arrays)
+
+    def on_cpu(step_rewards, scores, episode_ids, mask):
+        if native.build_error():
+            return xla(step_rewards, scores, episode_ids, mask)
+        return native.turn_groups(step_rewards, episode_ids, mask, std=std, eps=eps,
+                                  singleton="zero", pooled=turn_baseline == "pooled",
+                                  outcome_scores=scores, lam=lam,
+                                  credit_final=final_turn == "both")
+
+    # The platform is known only at lowering, so the choice is made there.
+    return jax.lax.platform_dependent(*arrays, cpu=on_cpu, default=xla)

@@ -23,7 +23,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from stepcredit.advantages import _checks
+from stepcredit.advantages import _checks, native
 from stepcredit.advantages.gae import discounted_returns
 from stepcredit.advantages.group import (SINGLETONS, STDS, _check_eps, _check_option, _dense_ids,
                                          _normalize, _normalize_per_turn)
@@ -52,14 +52,30 @@ def _turn_group_advantages(fn, step_rewards, group_ids, mask, *, gamma, baseline
     """Discounted returns normalised within (group) or (group, turn index) segments."""
     step_rewards, group_ids, mask = _check_inputs(fn, step_rewards, group_ids, mask, gamma,
                                                   baseline, std, eps, singleton)
-    returns = discounted_returns(step_rewards, mask, gamma=gamma, method=method)
     dense = _dense_ids(fn, group_ids, num_groups, None)
-    if baseline == "same_turn":
-        return _normalize_per_turn(returns, dense.ids, mask, dense.num_groups, std=std, eps=eps,
-                                   singleton=singleton)
-    ids = jnp.broadcast_to(dense.ids[:, None], step_rewards.shape)
-    return _normalize(returns, ids, mask, dense.num_groups, std=std, eps=eps,
-                      singleton=singleton, axis_name=None)
+
+    def xla(step_rewards, episode_ids, mask):
+        returns = discounted_returns(step_rewards, mask, gamma=gamma, method=method)
+        if baseline == "same_turn":
+            return _normalize_per_turn(returns, episode_ids, mask, dense.num_groups, std=std,
+                                       eps=eps, singleton=singleton)
+        ids = jnp.broadcast_to(episode_ids[:, None], step_rewards.shape)
+        return _normalize(returns, ids, mask, dense.num_groups, std=std, eps=eps,
+                          singleton=singleton, axis_name=None)
+
+    if (method != "auto" or step_rewards.dtype != jnp.float32
+            or not _checks.is_concrete(gamma, eps)):
+        return xla(step_rewards, dense.ids, mask)
+
+    def on_cpu(step_rewards, episode_ids, mask):
+        if native.build_error():
+            return xla(step_rewards, episode_ids, mask)
+        return native.turn_groups(step_rewards, episode_ids, mask, std=std, eps=eps,
+                                  singleton=singleton, pooled=baseline == "all_turns",
+                                  gamma=gamma)
+
+    # The platform is known only at lowering, so the choice is made there.
+    return jax.lax.platform_dependent(step_rewards, dense.ids, mask, cpu=on_cpu, default=xla)
 
 
 def gtpo(step_rewards, group_ids, mask, *, gamma: float = 0.9, baseline: str = "same_turn",
@@ -91,8 +107,11 @@ def gtpo(step_rewards, group_ids, mask, *, gamma: float = 0.9, baseline: str = "
       eps: added to the std (1e-6, as `grpo`).
       singleton: "zero" or "raw" for a comparison set with one member.
       num_groups: static number of groups, or None to remap ids.
-      method: "auto", "sequential", "chunked" or "associative": how the returns are
-        solved (`reverse_linear_recurrence`).
+      method: "auto": on one CPU device, for float32 rewards and gamma and eps known when
+        tracing, the returns and their normalisation by one compiled kernel
+        (`native.turn_groups`, the same numbers); elsewhere the returns by
+        `discounted_returns`' "auto". "sequential", "chunked" or "associative": how the
+        returns are solved (`reverse_linear_recurrence`).
 
     Returns:
       `[B, T]` advantages, 0 at masked turns.
@@ -161,8 +180,11 @@ def kevin(step_rewards, group_ids, mask, *, gamma: float = 0.4, baseline: str = 
       eps: added to the std (1e-8); ignored under std="none".
       singleton: "zero" or "raw" for a comparison set with one member.
       num_groups: static number of groups, or None to remap ids.
-      method: "auto", "sequential", "chunked" or "associative": how the returns are
-        solved (`reverse_linear_recurrence`).
+      method: "auto": on one CPU device, for float32 rewards and gamma and eps known when
+        tracing, the returns and their normalisation by one compiled kernel
+        (`native.turn_groups`, the same numbers); elsewhere the returns by
+        `discounted_returns`' "auto". "sequential", "chunked" or "associative": how the
+        returns are solved (`reverse_linear_recurrence`).
 
     Returns:
       `[B, T]` advantages, 0 at masked turns.

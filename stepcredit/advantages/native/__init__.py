@@ -29,8 +29,10 @@ computation (`anchor_groups.cc`): episode scores and their normalisation, step r
 the anchor groups at every history depth and theirs, one episode group at a time and
 the episode groups shared among XLA's threads, where XLA:CPU runs a dozen passes over
 the batch per depth; `turn_groups` the group normalisation within (episode group, turn)
-segments (`turn_groups.cc`), every turn of a row at once, where XLA:CPU transposes the
-batch so that the group kernel finds each segment's members together.
+segments or within episode groups, of values or of their discounted returns
+(`turn_groups.cc`), every turn of a row at once, where XLA:CPU computes the returns in
+three passes and transposes the batch so that the group kernel finds each segment's
+members together.
 
 The C++ sources are compiled with the system compiler (`$CXX`, else `c++`) the
 first time a process uses it, against the XLA FFI headers that jaxlib ships,
@@ -543,37 +545,60 @@ def anchor_groups(step_rewards: jax.Array, anchors: jax.Array, episode_ids: jax.
 
 
 def turn_groups(values: jax.Array, episode_ids: jax.Array, valid: jax.Array, *, std: str,
-                eps: float, singleton: str) -> jax.Array:
+                eps: float, singleton: str, pooled: bool = False, gamma: float | None = None,
+                outcome_scores: jax.Array | None = None, lam: float = 1.0,
+                credit_final: bool = True) -> jax.Array:
     """`group._normalize` within (episode group, turn) segments, by the compiled CPU kernel.
 
-        out[b, t] = (v[b, t] - mean_g,t) / (std_g,t + eps),  g = episode_ids[b], over the
-                    rows of g valid at turn t
+        out[b, t] = (x[b, t] - mean_g,t) / (std_g,t + eps),  g = episode_ids[b], over the
+                    rows of g valid at turn t (pooled: over every valid turn of g's rows)
 
-    with `group._normalize`'s conventions and numbers bit for bit (each segment summed in
-    row order); the episode groups are shared among XLA's CPU threads.
+    with x the values, or with `gamma` their discounted returns
+    G_t = v_t + gamma G_{t+1} over the valid turns (`gae.discounted_returns`), and
+    `group._normalize`'s conventions and numbers bit for bit (each segment summed in
+    element order); the episode groups are shared among XLA's CPU threads.
+
+    With `outcome_scores` `[B]`, MT-GRPO's advantages (`mt_grpo`): the turn term is taken
+    over the credited turns (every valid turn, or with credit_final False all but each
+    row's last), A^O the scores normalised within the episode group (`grpo`), and
+
+        out = turn + lam A^O at credited turns, A^O at the other valid turns, 0 elsewhere.
 
     Args:
       values: `[B, T]` float32.
       episode_ids: `[B]` int32.
       valid: `[B, T]` bool.
       std: "unbiased", "biased", "none" or "leave_one_out".
-      eps: known when tracing.
+      eps, gamma, lam: known when tracing.
       singleton: "zero" or "raw".
+      pooled: one segment per episode group instead of one per turn.
+      outcome_scores: `[B]` float32 trajectory scores, or None.
+      credit_final: whether each row's last valid turn earns turn credit.
 
     Returns:
       `[B, T]` float32.
 
     Raises:
-      TypeError: values not float32 or eps traced.
+      TypeError: arrays not float32, or eps, gamma or lam traced.
       NativeBuildError: the kernel could not be built.
+
+    References:
+      MT-GRPO, arXiv 2505.11821 (as cited by `mt_grpo`).
     """
-    if jnp.result_type(values) != jnp.float32 or not _checks.is_concrete(eps):
-        raise TypeError("turn_groups: the kernel takes float32 values and eps known when tracing")
+    outcome = outcome_scores is not None
+    scores = outcome_scores if outcome else jnp.zeros(values.shape[:1], jnp.float32)
+    if (any(jnp.result_type(x) != jnp.float32 for x in (values, scores))
+            or not _checks.is_concrete(eps, lam, *(() if gamma is None else (gamma,)))):
+        raise TypeError("turn_groups: the kernel takes float32 arrays and eps, gamma and lam "
+                        "known when tracing")
     _register()
-    varying, operands = _aligned(values, episode_ids.astype(jnp.int32), valid)
+    varying, operands = _aligned(values, episode_ids.astype(jnp.int32), valid, scores)
     # "sequential": each batch member's groups are its own.
     call = jax.ffi.ffi_call(_TURN_TARGET, jax.ShapeDtypeStruct(values.shape, jnp.float32),
                             vmap_method="sequential")
     out = call(*operands, std=np.int32(_STD_CODES[std]), eps=np.float32(eps),
-               one_plus_eps=np.float32(1.0 + float(eps)), singleton_raw=singleton == "raw")
+               one_plus_eps=np.float32(1.0 + float(eps)), singleton_raw=singleton == "raw",
+               pooled=bool(pooled), returns=gamma is not None,
+               gamma=np.float32(0.0 if gamma is None else gamma), outcome=outcome,
+               credit_final=bool(credit_final), lam=np.float32(lam))
     return _vary_over(out, varying)

@@ -53,15 +53,6 @@ using namespace stepcredit;  // NOLINT: the shared helpers
 
 namespace {
 
-// y = a b + c, rounded once where the CPU fuses multiply-adds, as XLA:CPU compiles it.
-inline float MultiplyAdd(float a, float b, float c) {
-#ifdef __FMA__
-  return std::fma(a, b, c);
-#else
-  return a * b + c;
-#endif
-}
-
 // Dense ids of 64-bit keys, numbered in the order of their first occurrence, by open
 // addressing (Fibonacci hashing: the top bits of key times 2^64 / golden ratio). A slot
 // belongs to the current round only if its stamp is the round's, so a new round (one

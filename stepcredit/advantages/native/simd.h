@@ -5,6 +5,7 @@
 #ifndef STEPCREDIT_NATIVE_SIMD_H_
 #define STEPCREDIT_NATIVE_SIMD_H_
 
+#include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <limits>
@@ -72,6 +73,15 @@ auto Fold(Vector x, Op op) {
   }
 #endif
   return x[0];
+}
+
+// y = a b + c, rounded once where the CPU fuses multiply-adds, as XLA:CPU compiles it.
+inline float MultiplyAdd(float a, float b, float c) {
+#ifdef __FMA__
+  return std::fma(a, b, c);
+#else
+  return a * b + c;
+#endif
 }
 
 inline f32x8 Splat(float x) { return f32x8{x, x, x, x, x, x, x, x}; }
