@@ -119,7 +119,8 @@ def hgpo(step_rewards, anchors, group_ids, mask, *, gamma: float = 0.95, omega: 
       num_groups: static number of episode groups, or None to remap ids.
       method: "auto": on one CPU device, for float32 arrays and hyperparameters known
         when tracing, the whole computation by one compiled kernel (`native.anchor_groups`,
-        the same numbers but for the order of each row's reward sum); elsewhere the XLA
+        equal to float32 rounding: XLA:CPU fuses the last multiply-add for some shapes
+        only and may add a row's rewards in another order); elsewhere the XLA
         computation, its step returns by `reverse_linear_recurrence`'s "auto". "sequential",
         "chunked" or "associative": the XLA computation, its returns solved that way.
 

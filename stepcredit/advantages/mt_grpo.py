@@ -90,7 +90,9 @@ def mt_grpo(step_rewards, scores, group_ids, mask, *, lam: float = 1.0,
       std: "unbiased" (verl's `torch.std`), "biased" or "none", at both levels.
       eps: added to the std (1e-6).
       num_groups: static number of groups, or None to remap ids.
-      axis_name: mesh axis to combine group sums over inside `shard_map`.
+      axis_name: mesh axis to combine group sums over inside `shard_map`. Without one, on
+        CPU, for float32 arrays and lam and eps known when tracing, the whole computation
+        runs as one compiled kernel (`native.turn_groups`, the same numbers bit for bit).
 
     Returns:
       `[B, T]` advantages, 0 at masked steps.
