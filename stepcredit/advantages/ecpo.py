@@ -17,10 +17,9 @@ import jax.numpy as jnp
 import numpy as np
 
 from stepcredit.advantages import _checks
-from stepcredit.advantages.gigpo import (_check_inputs, _step_group_ids, episode_advantages,
-                                         fused_on_cpu, step_returns)
+from stepcredit.advantages.gigpo import _check_inputs, anchor_terms, fused_on_cpu
 from stepcredit.advantages.group import (SINGLETONS, STDS, _check_eps, _check_option,
-                                         _dense_ids, _normalize, _segment_sum)
+                                         _dense_ids, _segment_sum)
 from stepcredit.advantages.recurrence import Method
 
 
@@ -120,13 +119,10 @@ def ecpo(step_rewards, anchors, group_ids, mask, *, gamma: float = 0.95, omega: 
     dense = _dense_ids(fn, group_ids, num_groups, axis_name)
 
     def xla(step_rewards, anchors, episode_ids, mask, episode_scores):
-        advantages = episode_advantages(step_rewards, episode_ids, mask, episode_scores,
-                                        num_groups=dense.num_groups, std=std, eps=eps,
-                                        singleton=singleton, axis_name=axis_name)
-        returns = step_returns(step_rewards, mask, gamma=gamma, method=method)
-        step_ids, num_step_groups = _step_group_ids(episode_ids, anchors, axis_name)
-        step_advantages = _normalize(returns, step_ids, mask, num_step_groups, std=std, eps=eps,
-                                     singleton="zero", axis_name=axis_name)
+        advantages, step_ids, num_step_groups, step_advantages = anchor_terms(
+            step_rewards, anchors, episode_ids, mask, episode_scores,
+            num_groups=dense.num_groups, gamma=gamma, std=std, eps=eps, singleton=singleton,
+            method=method, axis_name=axis_name)
         weights = _evidence_weights(step_ids, mask, num_step_groups, kappa=kappa,
                                     axis_name=axis_name).astype(step_advantages.dtype)
         return jnp.where(mask, advantages[:, None] + omega * weights * step_advantages, 0.0)

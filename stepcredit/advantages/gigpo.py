@@ -100,6 +100,21 @@ def step_returns(step_rewards, mask, *, gamma, method: Method) -> jax.Array:
         jnp.zeros_like(clean_rewards[:, 0]), method=method)
 
 
+def anchor_terms(step_rewards, anchors, episode_ids, mask, episode_scores, *, num_groups: int,
+                 gamma, std: str, eps: float, singleton: str, method: Method,
+                 axis_name: str | None):
+    """GiGPO's two terms by XLA: A^E `[B]`, the step groups' ids `[B, T]` and their static
+    count, and A^S `[B, T]` (the discounted returns normalised within the step groups)."""
+    advantages = episode_advantages(step_rewards, episode_ids, mask, episode_scores,
+                                    num_groups=num_groups, std=std, eps=eps, singleton=singleton,
+                                    axis_name=axis_name)
+    returns = step_returns(step_rewards, mask, gamma=gamma, method=method)
+    step_ids, num_step_groups = _step_group_ids(episode_ids, anchors, axis_name)
+    step_advantages = _normalize(returns, step_ids, mask, num_step_groups, std=std, eps=eps,
+                                 singleton="zero", axis_name=axis_name)
+    return advantages, step_ids, num_step_groups, step_advantages
+
+
 def fused_on_cpu(xla, step_rewards, anchors, episode_ids, mask, episode_scores, *, gamma,
                  omega, std: str, eps, singleton: str, method: Method, axis_name: str | None,
                  depth_weights: jax.Array | None = None, min_depth: int = 1,
@@ -239,13 +254,10 @@ def gigpo(step_rewards, anchors, group_ids, mask, *, gamma: float = 0.95, omega:
     dense = _dense_ids(fn, group_ids, num_groups, axis_name)
 
     def xla(step_rewards, anchors, episode_ids, mask, episode_scores):
-        advantages = episode_advantages(step_rewards, episode_ids, mask, episode_scores,
-                                        num_groups=dense.num_groups, std=std, eps=eps,
-                                        singleton=singleton, axis_name=axis_name)
-        returns = step_returns(step_rewards, mask, gamma=gamma, method=method)
-        step_ids, num_step_groups = _step_group_ids(episode_ids, anchors, axis_name)
-        step_advantages = _normalize(returns, step_ids, mask, num_step_groups, std=std, eps=eps,
-                                     singleton="zero", axis_name=axis_name)
+        advantages, _, _, step_advantages = anchor_terms(
+            step_rewards, anchors, episode_ids, mask, episode_scores,
+            num_groups=dense.num_groups, gamma=gamma, std=std, eps=eps, singleton=singleton,
+            method=method, axis_name=axis_name)
         return jnp.where(mask, advantages[:, None] + omega * step_advantages, 0.0)
 
     return fused_on_cpu(xla, step_rewards, anchors, dense.ids, mask, episode_scores, gamma=gamma,

@@ -333,19 +333,12 @@ void EpisodeGroups(const float* rewards, const int32_t* anchors, const int32_t* 
 void AnchorGroups(ffi::ThreadPool& pool, const float* rewards, const int32_t* anchors,
                   const int32_t* episode_ids, const uint8_t* valid, const float* scores,
                   const Options& o, int64_t batch, int64_t steps, float* out) {
-  struct Sorting {
-    std::vector<int32_t> rows, starts;
-  };
-  Sorting& sorting = PerThread<Sorting>();
-  std::vector<int32_t>& rows = sorting.rows;
-  SortRows(episode_ids, batch, rows, sorting.starts);
-  int64_t largest = 0;
-  const std::vector<int64_t> bounds = Parts(pool, episode_ids, rows, &largest);
-  const int64_t parts = static_cast<int64_t>(bounds.size()) - 1;
-  InParallel(pool, parts, [&](int64_t part) {
-    EpisodeGroups(rewards, anchors, episode_ids, valid, scores, o, steps, rows, bounds[part],
-                  bounds[part + 1], largest, out);
-  });
+  ByEpisodeGroup(pool, episode_ids, batch,
+                 [&](const std::vector<int32_t>& rows, int64_t begin, int64_t end,
+                     int64_t largest) {
+                   EpisodeGroups(rewards, anchors, episode_ids, valid, scores, o, steps, rows,
+                                 begin, end, largest, out);
+                 });
 }
 
 ffi::Error AnchorGroupsF32(ffi::Buffer<ffi::F32> rewards, ffi::Buffer<ffi::S32> anchors,

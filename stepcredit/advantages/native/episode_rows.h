@@ -12,6 +12,7 @@
 #include <thread>
 #include <vector>
 
+#include "simd.h"
 #include "xla/ffi/api/ffi.h"
 
 namespace stepcredit {
@@ -84,6 +85,23 @@ inline std::vector<int64_t> Parts(xla::ffi::ThreadPool& pool, const int32_t* epi
     while (part < parts && last >= part * batch / parts) bounds[part++] = last;
   }
   return bounds;
+}
+
+// Orders the rows by episode group (`SortRows`) and runs work(rows, begin, end, largest)
+// on each part of them (`Parts`), the parts shared among the threads of `pool`.
+template <typename Work>
+void ByEpisodeGroup(xla::ffi::ThreadPool& pool, const int32_t* episode_ids, int64_t batch,
+                    const Work& work) {
+  struct Sorting {
+    std::vector<int32_t> rows, starts;
+  };
+  Sorting& sorting = PerThread<Sorting>();
+  SortRows(episode_ids, batch, sorting.rows, sorting.starts);
+  int64_t largest = 0;
+  const std::vector<int64_t> bounds = Parts(pool, episode_ids, sorting.rows, &largest);
+  InParallel(pool, static_cast<int64_t>(bounds.size()) - 1, [&](int64_t part) {
+    work(sorting.rows, bounds[part], bounds[part + 1], largest);
+  });
 }
 
 }  // namespace stepcredit

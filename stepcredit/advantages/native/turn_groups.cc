@@ -325,23 +325,16 @@ ffi::Error TurnGroupsF32(ffi::Buffer<ffi::F32> values, ffi::Buffer<ffi::S32> epi
       episode_ids.element_count() != batch || scores.element_count() != batch) {
     return ffi::Error::InvalidArgument("turn_groups: inputs disagree in shape");
   }
-  struct Sorting {
-    std::vector<int32_t> rows, starts;
-  };
-  Sorting& sorting = PerThread<Sorting>();
-  SortRows(episode_ids.typed_data(), batch, sorting.rows, sorting.starts);
-  int64_t largest = 0;
-  const std::vector<int64_t> bounds = Parts(pool, episode_ids.typed_data(), sorting.rows,
-                                            &largest);
-  const Options options{std_mode, eps,          one_plus_eps, singleton_raw,      pooled,
-                        returns,  gamma,        outcome,      credit_final,       lam,
-                        scores.typed_data()};
-  InParallel(pool, static_cast<int64_t>(bounds.size()) - 1, [&](int64_t part) {
-    // bool has no vector type: the mask is read as bytes.
-    TurnGroups(values.typed_data(), reinterpret_cast<const uint8_t*>(valid.typed_data()),
-               episode_ids.typed_data(), options, steps, sorting.rows, bounds[part],
-               bounds[part + 1], out->typed_data());
-  });
+  const Options options{std_mode, eps,   one_plus_eps, singleton_raw, pooled, returns,
+                        gamma,    outcome, credit_final, lam,          scores.typed_data()};
+  ByEpisodeGroup(pool, episode_ids.typed_data(), batch,
+                 [&](const std::vector<int32_t>& rows, int64_t begin, int64_t end, int64_t) {
+                   // bool has no vector type: the mask is read as bytes.
+                   TurnGroups(values.typed_data(),
+                              reinterpret_cast<const uint8_t*>(valid.typed_data()),
+                              episode_ids.typed_data(), options, steps, rows, begin, end,
+                              out->typed_data());
+                 });
   return ffi::Error::Success();
 }
 
