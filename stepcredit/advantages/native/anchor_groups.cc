@@ -134,27 +134,10 @@ struct Buffers {
 // A^E of the episode group's rows: their scores normalised over the rows with a valid
 // step (0 at the others), in row order.
 void EpisodeAdvantages(const Options& o, int64_t num_rows, Elements& el) {
-  const float inf = std::numeric_limits<float>::infinity();
-  Group group{0.0f, 0.0f, -inf, inf, 0.0f, 0.0f, 1.0f, 0, 0};
   auto has_steps = [&](int64_t k) { return el.first[k + 1] > el.first[k]; };
-  for (int64_t k = 0; k < num_rows; ++k) {
-    if (!has_steps(k)) continue;
-    group.count += 1.0f;
-    group.largest = Max(group.largest, std::fabs(el.scores[k]));
-    group.high = Max(group.high, el.scores[k]);
-    group.low = Min(group.low, el.scores[k]);
-  }
-  group.scale = ScaleOf(group.largest);
-  for (int64_t k = 0; k < num_rows; ++k) {
-    if (has_steps(k)) group.total += el.scores[k] * group.scale;
-  }
-  group.total = group.total / std::max(group.count, 1.0f);
-  for (int64_t k = 0; k < num_rows; ++k) {
-    if (!has_steps(k)) continue;
-    const float deviation = el.scores[k] * group.scale - group.total;
-    group.squares += deviation * deviation;
-  }
-  Finish(o.std_mode, o.eps, o.singleton_raw, group);
+  const Group group = NormalizedGroup(
+      num_rows, [&](int64_t k) { return el.scores[k]; }, has_steps, o.std_mode, o.eps,
+      o.singleton_raw);
   const float raw_divisor = o.std_mode == kNone ? 1.0f : o.one_plus_eps;
   for (int64_t k = 0; k < num_rows; ++k) {
     el.episode[k] =

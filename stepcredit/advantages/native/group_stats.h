@@ -10,6 +10,9 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <limits>
+
+#include "simd.h"
 
 namespace stepcredit {
 
@@ -66,6 +69,35 @@ inline float Advantage(const Group& group, float rule, int32_t std_mode, float r
   const float factor = std_mode == kLeaveOneOut ? group.count : 1.0f;
   const float quotient = group.squares > 0.0f ? (v - group.total) * factor / group.squares : 0.0f;
   return rule == 2.0f ? quotient : rule == 1.0f ? v / raw_divisor : 0.0f;
+}
+
+// One group of n values normalised in order, value(k) for k in [0, n), valid(k) whether k
+// counts: the finished group (`Finish`), whose `scale` holds the rule for `Advantage`.
+template <typename Value, typename Valid>
+Group NormalizedGroup(int64_t n, const Value& value, const Valid& valid, int32_t std_mode,
+                      float eps, bool singleton_raw) {
+  const float inf = std::numeric_limits<float>::infinity();
+  Group group{0.0f, 0.0f, -inf, inf, 0.0f, 0.0f, 1.0f, 0, 0};
+  for (int64_t k = 0; k < n; ++k) {
+    if (!valid(k)) continue;
+    const float v = value(k);
+    group.count += 1.0f;
+    group.largest = Max(group.largest, std::fabs(v));
+    group.high = Max(group.high, v);
+    group.low = Min(group.low, v);
+  }
+  group.scale = ScaleOf(group.largest);
+  for (int64_t k = 0; k < n; ++k) {
+    if (valid(k)) group.total += value(k) * group.scale;
+  }
+  group.total = group.total / std::max(group.count, 1.0f);
+  for (int64_t k = 0; k < n; ++k) {
+    if (!valid(k)) continue;
+    const float deviation = value(k) * group.scale - group.total;
+    group.squares += deviation * deviation;
+  }
+  Finish(std_mode, eps, singleton_raw, group);
+  return group;
 }
 
 }  // namespace stepcredit

@@ -163,23 +163,9 @@ void Pooled(const Options& o, int64_t steps, const Pass& pass, Turns& turns) {
 // as `grpo`) and the turns that earn turn credit.
 void Outcome(const Options& o, int64_t steps, const uint8_t* valid,
              const std::vector<int32_t>& rows, int64_t first, int64_t last, Turns& turns) {
-  const float inf = std::numeric_limits<float>::infinity();
-  Group group{0.0f, 0.0f, -inf, inf, 0.0f, 0.0f, 1.0f, 0, 0};
-  for (int64_t r = first; r < last; ++r) {
-    const float score = o.scores[rows[r]];
-    group.count += 1.0f;
-    group.largest = Max(group.largest, std::fabs(score));
-    group.high = Max(group.high, score);
-    group.low = Min(group.low, score);
-  }
-  group.scale = ScaleOf(group.largest);
-  for (int64_t r = first; r < last; ++r) group.total += o.scores[rows[r]] * group.scale;
-  group.total = group.total / std::max(group.count, 1.0f);
-  for (int64_t r = first; r < last; ++r) {
-    const float deviation = o.scores[rows[r]] * group.scale - group.total;
-    group.squares += deviation * deviation;
-  }
-  Finish(o.std_mode, o.eps, false, group);
+  const Group group = NormalizedGroup(
+      last - first, [&](int64_t k) { return o.scores[rows[first + k]]; },
+      [](int64_t) { return true; }, o.std_mode, o.eps, false);
   turns.outcome.resize(last - first);
   turns.credited.resize((last - first) * steps);
   for (int64_t r = first; r < last; ++r) {
