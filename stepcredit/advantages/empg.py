@@ -149,13 +149,7 @@ def empg(advantages, entropy, mask, *, k: float = 1.0, k_future: float = 1.0, ze
             or not all(x.dtype == jnp.float32 for x in (advantages, entropy))):
         return xla(advantages, entropy, mask)
 
-    def on_cpu(advantages, entropy, mask):
-        if native.build_error():
-            return xla(advantages, entropy, mask)
-        return native.empg(advantages, entropy, mask, **hyper)
-
-    # The platform is known only at lowering, so the choice is made there.
-    return jax.lax.platform_dependent(advantages, entropy, mask, cpu=on_cpu, default=xla)
+    return native.on_cpu(functools.partial(native.empg, **hyper), xla, advantages, entropy, mask)
 
 
 def _xla_empg(advantages, entropy, mask, *, k, k_future, zeta, eps, center, axis_name):

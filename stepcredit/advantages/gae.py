@@ -12,7 +12,6 @@ NaN included, because they are only ever read through `jnp.where`.
 
 from __future__ import annotations
 
-import warnings
 from typing import Literal, NamedTuple
 
 import jax
@@ -108,21 +107,16 @@ def _masked_gae(fn, rewards, values, mask, bootstrap_value, gamma, lam, method):
     def sequential(*arrays):
         return _scan_gae(*arrays, gamma, lam, "sequential")
 
-    def on_cpu(*arrays):
-        rewards, values, _, bootstrap_value = arrays
-        if not native.supports(rewards, values, bootstrap_value, gamma, lam):
-            return sequential(*arrays)
-        error = native.build_error()
-        if error:
-            # Only a caller who asked for the kernel by name hears that it is missing.
-            if method == "native":
-                warnings.warn(f"{fn}: running the sequential scan instead: {error}")
-            return sequential(*arrays)
+    if not native.supports(rewards, values, bootstrap_value, gamma, lam):
+        return sequential(rewards, values, mask, bootstrap_value)
+
+    def kernel(*arrays):
         return AdvantagesAndReturns(*native.masked_gae(*arrays, gamma=gamma, lam=lam))
 
-    # The platform is known only at lowering, so the choice is made there.
-    return jax.lax.platform_dependent(rewards, values, mask, bootstrap_value,
-                                      cpu=on_cpu, default=sequential)
+    # Only a caller who asked for the kernel by name hears that it is missing.
+    warn_as = f"{fn}: running the sequential scan instead" if method == "native" else None
+    return native.on_cpu(kernel, sequential, rewards, values, mask, bootstrap_value,
+                         warn_as=warn_as)
 
 
 def _scan_gae(rewards, values, mask, bootstrap_value, gamma, lam, method):

@@ -28,13 +28,8 @@ def _pair_ids(first: jax.Array, second: jax.Array) -> jax.Array:
     built; elsewhere by a lexicographic sort. The two number the pairs in
     different orders: only which positions share an id is meaningful.
     """
-    def on_cpu(first, second):
-        if native.build_error():
-            return _sorted_pair_ids(first, second)
-        return native.pair_ids(first, second)
-
     first, second = first.astype(jnp.int32), second.astype(jnp.int32)  # the kernel's type
-    return jax.lax.platform_dependent(first, second, cpu=on_cpu, default=_sorted_pair_ids)
+    return native.on_cpu(native.pair_ids, _sorted_pair_ids, first, second)
 
 
 def _sorted_pair_ids(first: jax.Array, second: jax.Array) -> jax.Array:
@@ -141,18 +136,14 @@ def fused_on_cpu(xla, step_rewards, anchors, episode_ids, mask, episode_scores, 
     def default(step_rewards, anchors, episode_ids, mask, depth_weights, *scores):
         return xla(step_rewards, anchors, episode_ids, mask, scores[0] if scores else None)
 
-    def on_cpu(step_rewards, anchors, episode_ids, mask, depth_weights, *scores):
-        if native.build_error():
-            return default(step_rewards, anchors, episode_ids, mask, depth_weights, *scores)
+    def kernel(step_rewards, anchors, episode_ids, mask, depth_weights, *scores):
         return native.anchor_groups(step_rewards, anchors, episode_ids, mask,
                                     scores[0] if scores else None, depth_weights, gamma=gamma,
                                     omega=omega, std=std, eps=eps, singleton=singleton,
                                     min_depth=min_depth, kappa=kappa)
 
-    # The platform is known only at lowering, so the choice is made there.
-    return jax.lax.platform_dependent(step_rewards, anchors, episode_ids, mask,
-                                      depth_weights.astype(jnp.float32), *given, cpu=on_cpu,
-                                      default=default)
+    return native.on_cpu(kernel, default, step_rewards, anchors, episode_ids, mask,
+                         depth_weights.astype(jnp.float32), *given)
 
 
 def gigpo(step_rewards, anchors, group_ids, mask, *, gamma: float = 0.95, omega: float = 1.0,

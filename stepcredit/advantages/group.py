@@ -118,14 +118,12 @@ def _dense_ids(fn: str, group_ids, num_groups: int | None, axis_name: str | None
         def by_rank(flat):
             return jnp.unique(flat, size=flat.size, return_inverse=True)[1].astype(jnp.int32)
 
-        def on_cpu(flat):
-            if native.build_error():
-                return by_rank(flat)
+        def by_hash(flat):
             return native.pair_ids(flat.astype(jnp.int32), jnp.zeros(flat.shape, jnp.int32))
 
         fits = jnp.iinfo(flat.dtype).bits <= 32  # a cast to int32 keeps distinct ids distinct
         ids = (by_rank(flat) if ranked or not fits
-               else jax.lax.platform_dependent(flat, cpu=on_cpu, default=by_rank))
+               else native.on_cpu(by_hash, by_rank, flat))
         return DenseGroupIds(ids.reshape(group_ids.shape), max(flat.size, 1))
     everyone = jax.lax.all_gather(flat, axis_name, tiled=True)
     _, inverse = jnp.unique(everyone, size=everyone.size, return_inverse=True)
@@ -277,14 +275,9 @@ def _normalize(values, ids, valid, num_groups, *, std, eps, singleton, axis_name
     if (axis_name is not None or values.dtype != jnp.float32 or not _checks.is_concrete(eps)):
         return xla(values, ids, valid)
 
-    def on_cpu(values, ids, valid):
-        if native.build_error():
-            return xla(values, ids, valid)
-        return native.group_normalize(values, ids, valid, num_groups=num_groups, std=std,
-                                      eps=eps, singleton=singleton)
-
-    # The platform is known only at lowering, so the choice is made there.
-    return jax.lax.platform_dependent(values, ids, valid, cpu=on_cpu, default=xla)
+    kernel = functools.partial(native.group_normalize, num_groups=num_groups, std=std, eps=eps,
+                               singleton=singleton)
+    return native.on_cpu(kernel, xla, values, ids, valid)
 
 
 def _normalize_per_turn(values, ids, valid, num_groups, *, std, eps, singleton):
@@ -305,12 +298,8 @@ def _normalize_per_turn(values, ids, valid, num_groups, *, std, eps, singleton):
     if values.dtype != jnp.float32 or not _checks.is_concrete(eps):
         return xla(values, ids, valid)
 
-    def on_cpu(values, ids, valid):
-        if native.build_error():
-            return xla(values, ids, valid)
-        return native.turn_groups(values, ids, valid, std=std, eps=eps, singleton=singleton)
-
-    return jax.lax.platform_dependent(values, ids, valid, cpu=on_cpu, default=xla)
+    kernel = functools.partial(native.turn_groups, std=std, eps=eps, singleton=singleton)
+    return native.on_cpu(kernel, xla, values, ids, valid)
 
 
 def _xla_normalize(values, ids, valid, *, num_groups, std, eps, singleton, axis_name):

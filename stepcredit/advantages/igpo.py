@@ -82,13 +82,8 @@ def information_gain(answer_logp, mask, *, gain: str = "probability") -> jax.Arr
     if answer_logp.dtype != jnp.float32:
         return xla(answer_logp, mask)
 
-    def on_cpu(answer_logp, mask):
-        if native.build_error():
-            return xla(answer_logp, mask)
-        return native.information_gain(answer_logp, mask, gain=gain)
-
-    # The platform is known only at lowering, so the choice is made there.
-    return jax.lax.platform_dependent(answer_logp, mask, cpu=on_cpu, default=xla)
+    kernel = functools.partial(native.information_gain, gain=gain)
+    return native.on_cpu(kernel, xla, answer_logp, mask)
 
 
 def _xla_information_gain(answer_logp, mask, *, gain):

@@ -33,10 +33,7 @@ def final_turns(mask) -> jax.Array:
     On CPU, by the compiled kernel (`native.last_valid`, one pass) once it is built;
     elsewhere by an argmax.
     """
-    def on_cpu(mask):
-        return _argmax_final_turns(mask) if native.build_error() else native.last_valid(mask)
-
-    return jax.lax.platform_dependent(mask, cpu=on_cpu, default=_argmax_final_turns)
+    return native.on_cpu(native.last_valid, _argmax_final_turns, mask)
 
 
 def _argmax_final_turns(mask):
@@ -171,13 +168,10 @@ def mt_grpo(step_rewards, scores, group_ids, mask, *, lam: float = 1.0,
             or not _checks.is_concrete(eps, lam)):
         return xla(*arrays)
 
-    def on_cpu(step_rewards, scores, episode_ids, mask):
-        if native.build_error():
-            return xla(step_rewards, scores, episode_ids, mask)
+    def kernel(step_rewards, scores, episode_ids, mask):
         return native.turn_groups(step_rewards, episode_ids, mask, std=std, eps=eps,
                                   singleton="zero", pooled=turn_baseline == "pooled",
                                   outcome_scores=scores, lam=lam,
                                   credit_final=final_turn == "both")
 
-    # The platform is known only at lowering, so the choice is made there.
-    return jax.lax.platform_dependent(*arrays, cpu=on_cpu, default=xla)
+    return native.on_cpu(kernel, xla, *arrays)

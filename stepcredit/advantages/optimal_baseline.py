@@ -68,18 +68,15 @@ def _running_sum(x: jax.Array) -> jax.Array:
     def cumsum(x):
         return jnp.cumsum(x, axis=1)
 
-    if x.size == 0:
+    if x.size == 0 or x.dtype != jnp.float32:
         return cumsum(x)
 
-    def on_cpu(x):
-        if x.dtype != jnp.float32 or native.build_error():
-            return cumsum(x)
+    def by_recurrence(x):
         reversed_rows = x[:, ::-1]
         return reverse_linear_recurrence(reversed_rows, jnp.ones_like(reversed_rows),
                                          jnp.zeros(x.shape[:1], x.dtype))[:, ::-1]
 
-    # The platform is known only at lowering, so the choice is made there.
-    return jax.lax.platform_dependent(x, cpu=on_cpu, default=cumsum)
+    return native.on_cpu(by_recurrence, cumsum, x)
 
 
 def optimal_token_baseline(scores, group_ids, action_mask, ref_logp=None, *,

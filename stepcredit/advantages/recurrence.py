@@ -99,13 +99,9 @@ def _native_dtypes(*arrays) -> bool:
 
 
 def _auto(x: jax.Array, c: jax.Array, y_init: jax.Array) -> jax.Array:
-    def on_cpu(x, c, y_init):
-        if not _native_dtypes(x, c, y_init) or native.build_error():
-            return _sequential(x, c, y_init)
-        return _native(x, c, y_init)
-
-    # The platform is known only at lowering, so the choice is made there.
-    return jax.lax.platform_dependent(x, c, y_init, cpu=on_cpu, default=_sequential)
+    if not _native_dtypes(x, c, y_init):
+        return _sequential(x, c, y_init)
+    return native.on_cpu(_native, _sequential, x, c, y_init)
 
 
 @jax.custom_vjp

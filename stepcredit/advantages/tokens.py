@@ -72,12 +72,9 @@ def _on_cpu_if_float32(kernel, xla, values, step_index, **static):
         return xla(values, step_index)
 
     def on_cpu(values, step_index):
-        if native.build_error():
-            return xla(values, step_index)
         return kernel(values, step_index.astype(jnp.int32), *static.values())
 
-    # The platform is known only at lowering, so the choice is made there.
-    return jax.lax.platform_dependent(values, step_index, cpu=on_cpu, default=xla)
+    return native.on_cpu(on_cpu, xla, values, step_index)
 
 
 def _xla_step_sums(token_rewards, step_index, num_steps):

@@ -20,6 +20,8 @@ all equal gives 0; masked turns get 0 and may hold anything, NaN included.
 
 from __future__ import annotations
 
+import functools
+
 import jax
 import jax.numpy as jnp
 
@@ -67,15 +69,9 @@ def _turn_group_advantages(fn, step_rewards, group_ids, mask, *, gamma, baseline
             or not _checks.is_concrete(gamma, eps)):
         return xla(step_rewards, dense.ids, mask)
 
-    def on_cpu(step_rewards, episode_ids, mask):
-        if native.build_error():
-            return xla(step_rewards, episode_ids, mask)
-        return native.turn_groups(step_rewards, episode_ids, mask, std=std, eps=eps,
-                                  singleton=singleton, pooled=baseline == "all_turns",
-                                  gamma=gamma)
-
-    # The platform is known only at lowering, so the choice is made there.
-    return jax.lax.platform_dependent(step_rewards, dense.ids, mask, cpu=on_cpu, default=xla)
+    kernel = functools.partial(native.turn_groups, std=std, eps=eps, singleton=singleton,
+                               pooled=baseline == "all_turns", gamma=gamma)
+    return native.on_cpu(kernel, xla, step_rewards, dense.ids, mask)
 
 
 def gtpo(step_rewards, group_ids, mask, *, gamma: float = 0.9, baseline: str = "same_turn",

@@ -57,6 +57,7 @@ import platform
 import shlex
 import subprocess
 import tempfile
+import warnings
 
 import jax
 import jax.numpy as jnp
@@ -175,6 +176,36 @@ def build_error() -> str | None:
     except NativeBuildError as e:
         return str(e)
     return None
+
+
+def on_cpu(kernel, fallback, *arrays, warn_as: str | None = None):
+    """`kernel(*arrays)` where the call runs on CPU and the kernels are built, else `fallback(*arrays)`.
+
+    A function traced once may be lowered for CPU and for an accelerator, so the
+    platform is chosen at lowering (`jax.lax.platform_dependent`); whether the
+    kernels build is asked when the CPU branch is traced. Every estimator that has
+    a CPU kernel chooses it here.
+
+    Args:
+      kernel: the compiled kernel's call, a function of `arrays`.
+      fallback: the XLA computation of the same result (same pytree, shapes and dtypes).
+      *arrays: the arguments both take.
+      warn_as: where given, a kernel that cannot be built is reported by a warning
+        that starts with it (for a caller who asked for the kernel by name);
+        otherwise the fallback runs without one.
+
+    Returns:
+      The result of the branch chosen for the platform.
+    """
+    def cpu(*arrays):
+        error = build_error()
+        if error is None:
+            return kernel(*arrays)
+        if warn_as is not None:
+            warnings.warn(f"{warn_as}: {error}")
+        return fallback(*arrays)
+
+    return jax.lax.platform_dependent(*arrays, cpu=cpu, default=fallback)
 
 
 def supports(rewards: jax.Array, values: jax.Array, bootstrap_value: jax.Array, gamma,
