@@ -749,7 +749,11 @@ def test_turn_level_estimators_by_the_turn_group_kernel_equal_their_xla_computat
                 with monkeypatch.context() as patch:
                     patch.setattr(native, "build_error", lambda: "no compiler here")
                     xla = jax.jit(lambda *args, call=call: call(*args))(rewards, ids, mask)
-                np.testing.assert_array_equal(kernel, xla)
+                if "pooled" in extra.values() or "all_turns" in extra.values():
+                    # The kernel adds a pooled segment's per-turn sums in turn order.
+                    np.testing.assert_allclose(kernel, xla, rtol=1e-5, atol=1e-5)
+                else:
+                    np.testing.assert_array_equal(kernel, xla)
 
 
 def test_turn_level_estimators_use_the_turn_group_kernel_on_cpu_only(monkeypatch):

@@ -92,7 +92,7 @@ _SYMBOLS = {_TARGET: "StepcreditMaskedGaeF32", _PAIR_TARGET: "StepcreditPairIdsS
             _STEP_SUMS_TARGET: "StepcreditTokensToStepsF32", _EMPG_TARGET: "StepcreditEmpgF32",
             _GAIN_TARGET: "StepcreditInformationGainF32", _LAST_TARGET: "StepcreditLastValid",
             _ANCHOR_TARGET: "StepcreditAnchorGroupsF32", _TURN_TARGET: "StepcreditTurnGroupsF32"}
-_FLAGS = ("-O3", "-march=native", "-std=c++17", "-shared", "-fPIC", "-w")
+_FLAGS = ("-O3", "-march=native", "-fno-math-errno", "-std=c++17", "-shared", "-fPIC", "-w")
 
 
 class NativeBuildError(RuntimeError):
@@ -179,7 +179,7 @@ def build_error() -> str | None:
 
 
 def on_cpu(kernel, fallback, *arrays, warn_as: str | None = None):
-    """`kernel(*arrays)` where the call runs on CPU and the kernels are built, else `fallback(*arrays)`.
+    """`kernel(*arrays)` on CPU where the kernels are built, else `fallback(*arrays)`.
 
     A function traced once may be lowered for CPU and for an accelerator, so the
     platform is chosen at lowering (`jax.lax.platform_dependent`); whether the

@@ -86,6 +86,13 @@ inline float MultiplyAdd(float a, float b, float c) {
 
 inline f32x8 Splat(float x) { return f32x8{x, x, x, x, x, x, x, x}; }
 
+// sqrt lane by lane, each correctly rounded as the scalar sqrt is (one vector instruction
+// where the compiler need not set errno: -fno-math-errno).
+inline f32x8 Sqrt(f32x8 x) {
+  for (int k = 0; k < kLanes; ++k) x[k] = std::sqrt(x[k]);
+  return x;
+}
+
 // exp(x), eight lanes (within three units in the last place of the exact value over
 // [-87, 88.5]): x = n ln2 + r with |r| <= ln2 / 2, exp(r) by its Taylor
 // polynomial to degree 6 (relative error below 2e-7 on that range), times 2^n

@@ -18,9 +18,10 @@
 // the values, ids and mask so that each segment's members are consecutive for the
 // group kernel and the result back, passes that each cost more than the
 // normalisation; here each episode group's rows are gathered once and every turn's
-// statistics advance together along the row. Each segment sums its members in row
-// order (pooled: row by row, turn by turn), as the group kernel sums them, so the two
-// give the same float32 numbers.
+// statistics advance together along the row. Each per-turn segment sums its members in
+// row order, as the group kernel sums them, so the two give the same float32 numbers;
+// a pooled segment adds its per-turn sums in turn order, equal to the group kernel's
+// element-order sums to float32 rounding.
 
 #include <algorithm>
 #include <cmath>
@@ -69,74 +70,179 @@ inline void Lanes(int64_t steps, Vector vector, Scalar scalar) {
   for (; t < steps; ++t) scalar(t);
 }
 
-// Every turn's statistics, one array per field, so that a pass over a row advances all
-// of them in vector registers.
+// The rows of one episode group as the passes read them, in order: row k's values (v,
+// or its returns), the mask its statistics count (valid, or MT-GRPO's credited turns)
+// and its output.
+struct Rows {
+  std::vector<const float*> x;
+  std::vector<const uint8_t*> m;
+  std::vector<float*> y;
+};
+
+// Every turn's statistics, one array per field. A pass runs over blocks of eight turns
+// and, within a block, over the rows in order with its accumulators in vector
+// registers: each turn's sums run in row order.
 struct Turns {
   std::vector<float> returns;  // the episode group's rows' G, row by row
   std::vector<float> outcome;  // per row
   std::vector<uint8_t> credited;  // row by row
   std::vector<float> count, largest, high, low, total, squares, scale, divisor, factor, rule;
-  void Reset(int64_t steps) {
-    const float inf = std::numeric_limits<float>::infinity();
-    for (auto* field : {&count, &largest, &total, &squares}) field->assign(steps, 0.0f);
-    high.assign(steps, -inf);
-    low.assign(steps, inf);
-    for (auto* field : {&scale, &divisor, &factor, &rule}) field->resize(steps);
+  Rows rows;
+  void Resize(int64_t steps, int64_t num_rows) {
+    for (auto* field : {&count, &largest, &high, &low, &total, &squares, &scale, &divisor,
+                        &factor, &rule}) {
+      field->resize(steps);
+    }
+    rows.x.resize(num_rows);
+    rows.m.resize(num_rows);
+    rows.y.resize(num_rows);
   }
 };
 
-// Each turn's mean, divisor, rule and factor (`Finish`) from group(t), its statistics.
-template <typename GroupOf>
-void Finished(const Options& o, int64_t steps, Turns& turns, const GroupOf& group_of) {
+inline void Store(float* x, f32x8 value) { std::memcpy(x, &value, sizeof value); }
+
+// std::max(x, 1.0f), lane by lane.
+inline f32x8 AtLeastOne(f32x8 x) { return x < 1.0f ? Splat(1.0f) : x; }
+
+// Each turn's count and extremes (max |x| in `largest`), NaN kept as XLA's max and min keep it.
+void Extremes(int64_t steps, int64_t num_rows, const Rows& rows, Turns& turns) {
+  const float inf = std::numeric_limits<float>::infinity();
+  int32_t any_nan = 0;
+  Lanes(steps, [&](int64_t t) {
+    f32x8 n = Splat(0.0f), most = Splat(0.0f), top = Splat(-inf), bottom = Splat(inf);
+    i32x8 nan = {};
+    for (int64_t k = 0; k < num_rows; ++k) {
+      const i32x8 in = LoadMask(rows.m[k] + t);
+      const f32x8 value = Load(rows.x[k] + t);
+      const f32x8 magnitude = (f32x8)((i32x8)value & 0x7fffffff);
+      n = n + Keep(in, Splat(1.0f));
+      most = (in != 0) & (magnitude > most) ? magnitude : most;
+      top = (in != 0) & (value > top) ? value : top;
+      bottom = (in != 0) & (value < bottom) ? value : bottom;
+      nan |= in & (value != value);
+    }
+    Store(turns.count.data() + t, n);
+    Store(turns.largest.data() + t, most);
+    Store(turns.high.data() + t, top);
+    Store(turns.low.data() + t, bottom);
+    any_nan |= Fold(nan, [](i32x8 a, i32x8 b) { return a | b; });
+  }, [&](int64_t t) {
+    float n = 0.0f, most = 0.0f, top = -inf, bottom = inf;
+    for (int64_t k = 0; k < num_rows; ++k) {
+      if (!rows.m[k][t]) continue;
+      const float value = rows.x[k][t];
+      any_nan |= value != value;
+      n += 1.0f;
+      most = std::fabs(value) > most ? std::fabs(value) : most;
+      top = value > top ? value : top;
+      bottom = value < bottom ? value : bottom;
+    }
+    turns.count[t] = n;
+    turns.largest[t] = most;
+    turns.high[t] = top;
+    turns.low[t] = bottom;
+  });
+  if (!any_nan) return;
+  // Again, with a max and min that keep a NaN.
   for (int64_t t = 0; t < steps; ++t) {
-    Group group = group_of(t);
+    turns.largest[t] = 0.0f;
+    for (int64_t k = 0; k < num_rows; ++k) {
+      if (!rows.m[k][t]) continue;
+      const float value = rows.x[k][t];
+      turns.largest[t] = Max(turns.largest[t], std::fabs(value));
+      turns.high[t] = Max(turns.high[t], value);
+      turns.low[t] = Min(turns.low[t], value);
+    }
+  }
+}
+
+// total[t] = sum over the rows of x[t] scale[t] at valid turns, then squares[t] = sum of
+// (x[t] scale[t] - mean[t])^2, in row order. An invalid element adds +0, which changes
+// no sum (see group_normalize.cc).
+void ScaledTotals(int64_t steps, int64_t num_rows, const Rows& rows,
+                  const float* __restrict scale, float* __restrict total) {
+  Lanes(steps, [&](int64_t t) {
+    const f32x8 by = Load(scale + t);
+    f32x8 sum = Splat(0.0f);
+    for (int64_t k = 0; k < num_rows; ++k) {
+      sum = sum + Keep(LoadMask(rows.m[k] + t), Load(rows.x[k] + t) * by);
+    }
+    Store(total + t, sum);
+  }, [&](int64_t t) {
+    float sum = 0.0f;
+    for (int64_t k = 0; k < num_rows; ++k) sum += Keep(rows.m[k][t], rows.x[k][t] * scale[t]);
+    total[t] = sum;
+  });
+}
+
+void SquaredDeviations(int64_t steps, int64_t num_rows, const Rows& rows,
+                       const float* __restrict scale, const float* __restrict mean,
+                       float* __restrict squares) {
+  Lanes(steps, [&](int64_t t) {
+    const f32x8 by = Load(scale + t), centre = Load(mean + t);
+    f32x8 sum = Splat(0.0f);
+    for (int64_t k = 0; k < num_rows; ++k) {
+      const f32x8 deviation = Keep(LoadMask(rows.m[k] + t), Load(rows.x[k] + t) * by - centre);
+      sum = sum + deviation * deviation;
+    }
+    Store(squares + t, sum);
+  }, [&](int64_t t) {
+    float sum = 0.0f;
+    for (int64_t k = 0; k < num_rows; ++k) {
+      const float deviation = Keep(rows.m[k][t], rows.x[k][t] * scale[t] - mean[t]);
+      sum += deviation * deviation;
+    }
+    squares[t] = sum;
+  });
+}
+
+// Each turn's mean, divisor, rule and factor from its statistics: `Finish`, eight turns
+// at a time (the same operations, correctly rounded lane by lane, so the same bits).
+void Finished(const Options& o, int64_t steps, Turns& turns) {
+  Lanes(steps, [&](int64_t t) {
+    const f32x8 n = Load(turns.count.data() + t), squares = Load(turns.squares.data() + t);
+    const f32x8 scale = Load(turns.scale.data() + t);
+    const f32x8 variance = o.std_mode == kUnbiased
+                               ? (n >= 2.0f ? squares / AtLeastOne(n - 1.0f) : Splat(0.0f))
+                               : squares / AtLeastOne(n);
+    const f32x8 root = variance > 0.0f ? Sqrt(variance) : Splat(0.0f);
+    const f32x8 divisor = o.std_mode == kLeaveOneOut ? AtLeastOne(n - 1.0f)
+                          : o.std_mode == kNone      ? Splat(1.0f)
+                                                     : root / scale + o.eps;
+    const i32x8 raw = o.singleton_raw ? (n == 1.0f) : i32x8{};
+    const f32x8 spread = Load(turns.high.data() + t) <= Load(turns.low.data() + t)
+                             ? Splat(0.0f) : Splat(2.0f);
+    Store(turns.total.data() + t, Load(turns.total.data() + t) / scale);
+    Store(turns.divisor.data() + t, divisor);
+    Store(turns.rule.data() + t, raw != 0 ? Splat(1.0f) : spread);
+    Store(turns.factor.data() + t, o.std_mode == kLeaveOneOut ? n : Splat(1.0f));
+  }, [&](int64_t t) {
+    Group group{turns.count[t], turns.largest[t], turns.high[t], turns.low[t],
+                turns.total[t], turns.squares[t], turns.scale[t], 0, 0};
     Finish(o.std_mode, o.eps, o.singleton_raw, group);
     turns.total[t] = group.total;
     turns.divisor[t] = group.squares;
     turns.rule[t] = group.scale;
     turns.factor[t] = o.std_mode == kLeaveOneOut ? group.count : 1.0f;
-  }
-}
-
-// The per-turn segments' sums, every turn of a row in vector registers; `pass(visit)`
-// visits the episode group's rows in order.
-template <typename Pass>
-void PerTurn(const Options& o, int64_t steps, const Pass& pass, Turns& turns) {
-  float* __restrict count = turns.count.data();
-  float* __restrict largest = turns.largest.data();
-  float* __restrict total = turns.total.data();
-  float* __restrict squares = turns.squares.data();
-  float* __restrict scale = turns.scale.data();
-  for (int64_t t = 0; t < steps; ++t) scale[t] = ScaleOf(largest[t]);
-    // An invalid element adds +0, which changes no sum (see group_normalize.cc).
-  pass([&](const float* x, const uint8_t* m, float*, int64_t) {
-    Lanes(steps, [&](int64_t t) {
-      const f32x8 sum = Load(total + t) + Keep(LoadMask(m + t), Load(x + t) * Load(scale + t));
-      std::memcpy(total + t, &sum, sizeof sum);
-    }, [&](int64_t t) { total[t] += Keep(m[t], x[t] * scale[t]); });
-  });
-  for (int64_t t = 0; t < steps; ++t) total[t] = total[t] / std::max(count[t], 1.0f);
-  pass([&](const float* x, const uint8_t* m, float*, int64_t) {
-    Lanes(steps, [&](int64_t t) {
-      const f32x8 deviation =
-          Keep(LoadMask(m + t), Load(x + t) * Load(scale + t) - Load(total + t));
-      const f32x8 sum = Load(squares + t) + deviation * deviation;
-      std::memcpy(squares + t, &sum, sizeof sum);
-    }, [&](int64_t t) {
-      const float deviation = Keep(m[t], x[t] * scale[t] - total[t]);
-      squares[t] += deviation * deviation;
-    });
-  });
-  Finished(o, steps, turns, [&](int64_t t) {
-    return Group{count[t], largest[t], turns.high[t], turns.low[t], total[t], squares[t],
-                 scale[t], 0, 0};
   });
 }
 
-// One segment for the whole episode group: the turns' count and extremes folded, the
-// sums in element order (row by row, turn by turn), as the group kernel adds them.
-template <typename Pass>
-void Pooled(const Options& o, int64_t steps, const Pass& pass, Turns& turns) {
+// The per-turn segments' statistics.
+void PerTurn(const Options& o, int64_t steps, int64_t num_rows, Turns& turns) {
+  float* const total = turns.total.data();
+  float* const scale = turns.scale.data();
+  for (int64_t t = 0; t < steps; ++t) scale[t] = ScaleOf(turns.largest[t]);
+  ScaledTotals(steps, num_rows, turns.rows, scale, total);
+  for (int64_t t = 0; t < steps; ++t) total[t] = total[t] / std::max(turns.count[t], 1.0f);
+  SquaredDeviations(steps, num_rows, turns.rows, scale, total, turns.squares.data());
+  Finished(o, steps, turns);
+}
+
+// One segment for the whole episode group: the turns' statistics folded in turn order.
+// Its sums are therefore the per-turn sums added in turn order, not its elements added
+// one by one in row order: equal to the group kernel's to float32 rounding, and
+// computed in vector registers where the element order is one dependent chain.
+void Pooled(const Options& o, int64_t steps, int64_t num_rows, Turns& turns) {
   const float inf = std::numeric_limits<float>::infinity();
   Group group{0.0f, 0.0f, -inf, inf, 0.0f, 0.0f, 1.0f, 0, 0};
   for (int64_t t = 0; t < steps; ++t) {
@@ -146,17 +252,20 @@ void Pooled(const Options& o, int64_t steps, const Pass& pass, Turns& turns) {
     group.low = Min(group.low, turns.low[t]);
   }
   group.scale = ScaleOf(group.largest);
-  pass([&](const float* x, const uint8_t* m, float*, int64_t) {
-    for (int64_t t = 0; t < steps; ++t) group.total += Keep(m[t], x[t] * group.scale);
-  });
+  std::fill(turns.scale.begin(), turns.scale.end(), group.scale);
+  ScaledTotals(steps, num_rows, turns.rows, turns.scale.data(), turns.total.data());
+  for (int64_t t = 0; t < steps; ++t) group.total += turns.total[t];
   group.total = group.total / std::max(group.count, 1.0f);
-  pass([&](const float* x, const uint8_t* m, float*, int64_t) {
-    for (int64_t t = 0; t < steps; ++t) {
-      const float deviation = Keep(m[t], x[t] * group.scale - group.total);
-      group.squares += deviation * deviation;
-    }
-  });
-  Finished(o, steps, turns, [&](int64_t) { return group; });
+  std::fill(turns.total.begin(), turns.total.end(), group.total);
+  SquaredDeviations(steps, num_rows, turns.rows, turns.scale.data(), turns.total.data(),
+                    turns.squares.data());
+  for (int64_t t = 0; t < steps; ++t) group.squares += turns.squares[t];
+  Finish(o.std_mode, o.eps, o.singleton_raw, group);
+  std::fill(turns.total.begin(), turns.total.end(), group.total);
+  std::fill(turns.divisor.begin(), turns.divisor.end(), group.squares);
+  std::fill(turns.rule.begin(), turns.rule.end(), group.scale);
+  std::fill(turns.factor.begin(), turns.factor.end(),
+            o.std_mode == kLeaveOneOut ? group.count : 1.0f);
 }
 
 // MT-GRPO's outcome advantages of rows[first, last) (their scores normalised together,
@@ -166,19 +275,16 @@ void Outcome(const Options& o, int64_t steps, const uint8_t* valid,
   const Group group = NormalizedGroup(
       last - first, [&](int64_t k) { return o.scores[rows[first + k]]; },
       [](int64_t) { return true; }, o.std_mode, o.eps, false);
-  turns.outcome.resize(last - first);
-  turns.credited.resize((last - first) * steps);
   for (int64_t r = first; r < last; ++r) {
     turns.outcome[r - first] =
         Advantage(group, group.scale, o.std_mode, 1.0f, o.scores[rows[r]]);
     const uint8_t* in = valid + rows[r] * steps;
     uint8_t* credited = turns.credited.data() + (r - first) * steps;
-    int64_t final_turn = -1;
-    for (int64_t t = 0; t < steps; ++t) {
-      credited[t] = in[t] != 0;
-      final_turn = in[t] ? t : final_turn;
-    }
-    if (!o.credit_final && final_turn >= 0) credited[final_turn] = 0;
+    std::memcpy(credited, in, steps);
+    if (o.credit_final) continue;
+    int64_t final_turn = steps - 1;
+    while (final_turn >= 0 && !in[final_turn]) --final_turn;
+    if (final_turn >= 0) credited[final_turn] = 0;
   }
 }
 
@@ -194,13 +300,29 @@ void TurnGroups(const float* v, const uint8_t* valid, const int32_t* episode_ids
     const int32_t id = episode_ids[rows[first]];
     for (last = first + 1; last < batch && episode_ids[rows[last]] == id; ++last) {
     }
-    turns.Reset(steps);
+    const int64_t num_rows = last - first;
+    turns.Resize(steps, num_rows);
+    if (o.returns) turns.returns.resize(num_rows * steps);
+    if (o.outcome) {
+      turns.outcome.resize(num_rows);
+      turns.credited.resize(num_rows * steps);
+    }
+    Rows& view = turns.rows;
+    for (int64_t k = 0; k < num_rows; ++k) {
+      if (first + k + kAhead < batch) {
+        __builtin_prefetch(v + rows[first + k + kAhead] * steps);
+        __builtin_prefetch(valid + rows[first + k + kAhead] * steps);
+      }
+      const int64_t offset = rows[first + k] * steps;
+      view.x[k] = o.returns ? turns.returns.data() + k * steps : v + offset;
+      view.m[k] = o.outcome ? turns.credited.data() + k * steps : valid + offset;
+      view.y[k] = out + offset;
+    }
     if (o.returns) {
       // G_t = r_t + gamma G_{t+1} at valid turns; an invalid turn passes G on (1 G + 0).
-      turns.returns.resize((last - first) * steps);
-      for (int64_t r = first; r < last; ++r) {
-        const int64_t offset = rows[r] * steps;
-        float* const g = turns.returns.data() + (r - first) * steps;
+      for (int64_t k = 0; k < num_rows; ++k) {
+        const int64_t offset = rows[first + k] * steps;
+        float* const g = turns.returns.data() + k * steps;
         float carry = 0.0f;
         for (int64_t t = steps - 1; t >= 0; --t) {
           if (valid[offset + t]) carry = MultiplyAdd(o.gamma, carry, v[offset + t]);
@@ -209,64 +331,11 @@ void TurnGroups(const float* v, const uint8_t* valid, const int32_t* episode_ids
       }
     }
     if (o.outcome) Outcome(o, steps, valid, rows, first, last, turns);
-    float* __restrict count = turns.count.data();
-    float* __restrict largest = turns.largest.data();
-    float* __restrict high = turns.high.data();
-    float* __restrict low = turns.low.data();
-    // Each pass visits the rows in order, all turns of a row together: each segment's
-    // members come in row order.
-    auto pass = [&](auto visit) {
-      for (int64_t r = first; r < last; ++r) {
-        if (r + kAhead < last) {
-          __builtin_prefetch(v + rows[r + kAhead] * steps);
-          __builtin_prefetch(valid + rows[r + kAhead] * steps);
-        }
-        const int64_t offset = rows[r] * steps;
-        const int64_t at = (r - first) * steps;
-        const float* x = o.returns ? turns.returns.data() + at : v + offset;
-        visit(x, o.outcome ? turns.credited.data() + at : valid + offset, out + offset, r);
-      }
-    };
-    int32_t any_nan = 0;
-    pass([&](const float* x, const uint8_t* m, float*, int64_t) {
-      Lanes(steps, [&](int64_t t) {
-        const i32x8 in = LoadMask(m + t);
-        const f32x8 value = Load(x + t);
-        const f32x8 magnitude = (f32x8)((i32x8)value & 0x7fffffff);
-        const f32x8 n = Load(count + t) + Keep(in, Splat(1.0f));
-        const f32x8 most = Load(largest + t), top = Load(high + t), bottom = Load(low + t);
-        const f32x8 new_most = (in != 0) & (magnitude > most) ? magnitude : most;
-        const f32x8 new_top = (in != 0) & (value > top) ? value : top;
-        const f32x8 new_bottom = (in != 0) & (value < bottom) ? value : bottom;
-        any_nan |= Fold(in & (value != value), [](i32x8 a, i32x8 b) { return a | b; });
-        std::memcpy(count + t, &n, sizeof n);
-        std::memcpy(largest + t, &new_most, sizeof new_most);
-        std::memcpy(high + t, &new_top, sizeof new_top);
-        std::memcpy(low + t, &new_bottom, sizeof new_bottom);
-      }, [&](int64_t t) {
-        if (!m[t]) return;
-        any_nan |= x[t] != x[t];
-        count[t] += 1.0f;
-        largest[t] = std::fabs(x[t]) > largest[t] ? std::fabs(x[t]) : largest[t];
-        high[t] = x[t] > high[t] ? x[t] : high[t];
-        low[t] = x[t] < low[t] ? x[t] : low[t];
-      });
-    });
-    if (any_nan) {  // again, with a max and min that keep a NaN
-      std::fill(largest, largest + steps, 0.0f);
-      pass([&](const float* x, const uint8_t* m, float*, int64_t) {
-        for (int64_t t = 0; t < steps; ++t) {
-          if (!m[t]) continue;
-          largest[t] = Max(largest[t], std::fabs(x[t]));
-          high[t] = Max(high[t], x[t]);
-          low[t] = Min(low[t], x[t]);
-        }
-      });
-    }
+    Extremes(steps, num_rows, view, turns);
     if (o.pooled) {
-      Pooled(o, steps, pass, turns);
+      Pooled(o, steps, num_rows, turns);
     } else {
-      PerTurn(o, steps, pass, turns);
+      PerTurn(o, steps, num_rows, turns);
     }
     const float* __restrict mean = turns.total.data();
     const float* __restrict divisor = turns.divisor.data();
@@ -274,13 +343,15 @@ void TurnGroups(const float* v, const uint8_t* valid, const int32_t* episode_ids
     const float* __restrict rule = turns.rule.data();
     // `Advantage`, with selects.
     const f32x8 zeros = Splat(0.0f);
-    pass([&](const float* x, const uint8_t* m, float* y, int64_t r) {
+    for (int64_t k = 0; k < num_rows; ++k) {
+      const float* const x = view.x[k];
+      const uint8_t* const m = view.m[k];
+      float* const y = view.y[k];
       Lanes(steps, [&](int64_t t) {
         const f32x8 value = Load(x + t), by = Load(divisor + t), kind = Load(rule + t);
         const f32x8 quotient = by > 0.0f ? (value - Load(mean + t)) * Load(factor + t) / by : zeros;
         const f32x8 advantage = kind == 2.0f ? quotient : kind == 1.0f ? value / raw_divisor : zeros;
-        const f32x8 kept = Keep(LoadMask(m + t), advantage);
-        std::memcpy(y + t, &kept, sizeof kept);
+        Store(y + t, Keep(LoadMask(m + t), advantage));
       }, [&](int64_t t) {
         const float quotient =
             divisor[t] > 0.0f ? (x[t] - mean[t]) * factor[t] / divisor[t] : 0.0f;
@@ -289,13 +360,15 @@ void TurnGroups(const float* v, const uint8_t* valid, const int32_t* episode_ids
                                                   : 0.0f;
         y[t] = Keep(m[t], advantage);
       });
-      if (!o.outcome) return;
-      const float outcome = turns.outcome[r - first];
-      const uint8_t* in = valid + rows[r] * steps;
-      for (int64_t t = 0; t < steps; ++t) {
-        y[t] = Keep(in[t], m[t] ? y[t] + o.lam * outcome : outcome);
-      }
-    });
+      if (!o.outcome) continue;
+      const float outcome = turns.outcome[k];
+      const float credit = o.lam * outcome;
+      const uint8_t* in = valid + rows[first + k] * steps;
+      Lanes(steps, [&](int64_t t) {
+        const f32x8 sum = LoadMask(m + t) != 0 ? Load(y + t) + credit : Splat(outcome);
+        Store(y + t, Keep(LoadMask(in + t), sum));
+      }, [&](int64_t t) { y[t] = Keep(in[t], m[t] ? y[t] + credit : outcome); });
+    }
   }
 }
 
