@@ -723,14 +723,16 @@ def test_the_turn_group_kernel_equals_the_transposed_group_normalisation(std):
         batched[1], native.turn_groups(-values, ids, mask, std=std, eps=1e-6, singleton="zero"))
 
 
-@pytest.mark.parametrize("name", ["gtpo", "kevin", "mt_grpo"])
+@pytest.mark.parametrize("name", ["gtpo", "kevin", "mt_grpo", "igpo"])
 def test_turn_level_estimators_by_the_turn_group_kernel_equal_their_xla_computation(
         name, monkeypatch):
     estimator = getattr(adv, name)
     options = {"gtpo": [dict(baseline=b, gamma=0.7) for b in ("same_turn", "all_turns")],
                "kevin": [dict(baseline=b, gamma=0.4) for b in ("same_turn", "all_turns")],
                "mt_grpo": [dict(turn_baseline=b, final_turn=f, lam=0.6)
-                           for b in ("per_turn", "pooled") for f in ("outcome", "both")]}[name]
+                           for b in ("per_turn", "pooled") for f in ("outcome", "both")],
+               "igpo": [dict(order=o, gamma=g) for o in ("normalize_first", "discount_first")
+                        for g in (1.0, 0.7)]}[name]
     for seed, (batch, steps) in enumerate([(37, 9), (4096, 16), (23, 1), (5, 19)]):
         rng = np.random.default_rng(seed)
         mask = rng.random((batch, steps)) < 0.75
@@ -739,7 +741,7 @@ def test_turn_level_estimators_by_the_turn_group_kernel_equal_their_xla_computat
         ids = rng.integers(0, max(batch // 4, 1), batch).astype(np.int32)
         for std in ("unbiased", "none"):
             for extra in options:
-                if name == "mt_grpo":
+                if name in ("mt_grpo", "igpo"):
                     def call(r, i, m, extra=extra, std=std):
                         return estimator(r, scores, i, m, std=std, **extra)
                 else:
@@ -749,7 +751,7 @@ def test_turn_level_estimators_by_the_turn_group_kernel_equal_their_xla_computat
                 with monkeypatch.context() as patch:
                     patch.setattr(native, "build_error", lambda: "no compiler here")
                     xla = jax.jit(lambda *args, call=call: call(*args))(rewards, ids, mask)
-                if "pooled" in extra.values() or "all_turns" in extra.values():
+                if name == "igpo" or "pooled" in extra.values() or "all_turns" in extra.values():
                     # The kernel adds a pooled segment's per-turn sums in turn order.
                     np.testing.assert_allclose(kernel, xla, rtol=1e-5, atol=1e-5)
                 else:
@@ -767,6 +769,7 @@ def test_turn_level_estimators_use_the_turn_group_kernel_on_cpu_only(monkeypatch
         "kevin": lambda r, m: adv.kevin(r, ids, m, num_groups=2),
         "mt_grpo": lambda r, m: adv.mt_grpo(r, r.sum(axis=1), ids, m, num_groups=2,
                                             final_turn="both"),
+        "igpo": lambda r, m: adv.igpo(r, r.sum(axis=1), ids, m, num_groups=2),
     }
     for call in calls.values():
         assert target in lowered_text(call, rewards, mask)
@@ -775,6 +778,9 @@ def test_turn_level_estimators_use_the_turn_group_kernel_on_cpu_only(monkeypatch
     assert target not in lowered_text(lambda r, m: adv.gtpo(r, ids, m, num_groups=2,
                                                             method="sequential",
                                                             baseline="all_turns"),
+                                      rewards, mask)
+    assert target not in lowered_text(lambda r, m: adv.igpo(r, r.sum(axis=1), ids, m,
+                                                            num_groups=2, normalize="separate"),
                                       rewards, mask)
     monkeypatch.setattr(native, "build_error", lambda: "no compiler here")
     assert target not in lowered_text(lambda r, m: calls["gtpo"](r, m), rewards, mask)

@@ -577,6 +577,7 @@ def anchor_groups(step_rewards: jax.Array, anchors: jax.Array, episode_ids: jax.
 
 def turn_groups(values: jax.Array, episode_ids: jax.Array, valid: jax.Array, *, std: str,
                 eps: float, singleton: str, pooled: bool = False, gamma: float | None = None,
+                discount: str = "before", final_scores: jax.Array | None = None,
                 outcome_scores: jax.Array | None = None, lam: float = 1.0,
                 credit_final: bool = True) -> jax.Array:
     """`group._normalize` within (episode group, turn) segments, by the compiled CPU kernel.
@@ -586,8 +587,14 @@ def turn_groups(values: jax.Array, episode_ids: jax.Array, valid: jax.Array, *, 
 
     with x the values, or with `gamma` their discounted returns
     G_t = v_t + gamma G_{t+1} over the valid turns (`gae.discounted_returns`), and
-    `group._normalize`'s conventions and numbers bit for bit (each segment summed in
-    element order); the episode groups are shared among XLA's CPU threads.
+    `group._normalize`'s conventions; its numbers bit for bit per turn (each segment
+    summed in element order), to float32 rounding pooled (the per-turn sums added in turn
+    order). The episode groups are shared among XLA's CPU threads.
+
+    With `final_scores` `[B]`, each row's last valid value is replaced by its score
+    first, and with discount "after" the normalised values are discounted instead,
+    out_t = A_t + gamma out_{t+1} over the valid turns: IGPO's advantages (`igpo`,
+    normalize "joint": pooled; order "normalize_first": discount "after").
 
     With `outcome_scores` `[B]`, MT-GRPO's advantages (`mt_grpo`): the turn term is taken
     over the credited turns (every valid turn, or with credit_final False all but each
@@ -603,6 +610,9 @@ def turn_groups(values: jax.Array, episode_ids: jax.Array, valid: jax.Array, *, 
       eps, gamma, lam: known when tracing.
       singleton: "zero" or "raw".
       pooled: one segment per episode group instead of one per turn.
+      discount: with `gamma`, "before" (normalise the returns) or "after" (discount the
+        normalised values).
+      final_scores: `[B]` float32 scores that replace each row's last valid value, or None.
       outcome_scores: `[B]` float32 trajectory scores, or None.
       credit_final: whether each row's last valid turn earns turn credit.
 
@@ -611,13 +621,20 @@ def turn_groups(values: jax.Array, episode_ids: jax.Array, valid: jax.Array, *, 
 
     Raises:
       TypeError: arrays not float32, or eps, gamma or lam traced.
+      ValueError: an unknown discount, or both score arrays.
       NativeBuildError: the kernel could not be built.
 
     References:
-      MT-GRPO, arXiv 2505.11821 (as cited by `mt_grpo`).
+      MT-GRPO, arXiv 2505.11821 (as cited by `mt_grpo`); IGPO, arXiv 2510.14967 (as
+      cited by `igpo`).
     """
+    if discount not in ("before", "after"):
+        raise ValueError(f"turn_groups: discount={discount!r}; expected 'before' or 'after'")
+    if final_scores is not None and outcome_scores is not None:
+        raise ValueError("turn_groups: final_scores and outcome_scores cannot both be given")
     outcome = outcome_scores is not None
-    scores = outcome_scores if outcome else jnp.zeros(values.shape[:1], jnp.float32)
+    given = final_scores if outcome_scores is None else outcome_scores
+    scores = jnp.zeros(values.shape[:1], jnp.float32) if given is None else given
     if (any(jnp.result_type(x) != jnp.float32 for x in (values, scores))
             or not _checks.is_concrete(eps, lam, *(() if gamma is None else (gamma,)))):
         raise TypeError("turn_groups: the kernel takes float32 arrays and eps, gamma and lam "
@@ -629,7 +646,9 @@ def turn_groups(values: jax.Array, episode_ids: jax.Array, valid: jax.Array, *, 
                             vmap_method="sequential")
     out = call(*operands, std=np.int32(_STD_CODES[std]), eps=np.float32(eps),
                one_plus_eps=np.float32(1.0 + float(eps)), singleton_raw=singleton == "raw",
-               pooled=bool(pooled), returns=gamma is not None,
-               gamma=np.float32(0.0 if gamma is None else gamma), outcome=outcome,
+               pooled=bool(pooled),
+               discount=np.int32(0 if gamma is None else 1 if discount == "before" else 2),
+               gamma=np.float32(0.0 if gamma is None else gamma),
+               final_scores=final_scores is not None, outcome=outcome,
                credit_final=bool(credit_final), lam=np.float32(lam))
     return _vary_over(out, varying)

@@ -1,7 +1,7 @@
 // Group normalisation within (episode group, turn) segments, or within episode groups,
 // of values or of their discounted returns: the CPU kernel behind
-// `group._normalize_per_turn` (MT-GRPO's per-turn baseline) and GTPO's and Kevin's
-// turn returns.
+// `group._normalize_per_turn` (MT-GRPO's per-turn baseline), GTPO's and Kevin's turn
+// returns, MT-GRPO's advantages and IGPO's.
 //
 // For row b of episode group e(b) and turn t, over the rows b' of e(b) valid at t:
 //
@@ -14,7 +14,9 @@
 // elements 0). MT-GRPO's mode adds the outcome term: the scores normalised within the
 // episode group (as `grpo`), added with weight lam to the turn term at the credited
 // turns (the last valid turn of a row credited or not) and alone at the other valid
-// ones. XLA:CPU computes the returns in three passes and, per turn, transposes
+// ones. IGPO's mode replaces each row's last valid value by the row's score and
+// may discount after normalising instead of before: out_t = A_t + gamma out_{t+1} over the
+// valid turns. XLA:CPU computes the returns in three passes and, per turn, transposes
 // the values, ids and mask so that each segment's members are consecutive for the
 // group kernel and the result back, passes that each cost more than the
 // normalisation; here each episode group's rows are gathered once and every turn's
@@ -47,13 +49,18 @@ using namespace stepcredit;  // NOLINT: the shared helpers
 
 namespace {
 
+enum Discount : int32_t { kNoDiscount = 0, kBefore = 1, kAfter = 2 };
+
 struct Options {
   int32_t std_mode;
   float eps, one_plus_eps;
   bool singleton_raw;
   bool pooled;   // one segment per episode group, all turns together
-  bool returns;  // normalise the discounted returns of the values
+  // kBefore: normalise the discounted returns of the values; kAfter: discount the
+  // normalised values (each with gamma, over the valid turns).
+  int32_t discount;
   float gamma;
+  bool final_scores;  // IGPO: each row's last valid value is its score
   // MT-GRPO: out = turn + lam outcome at credited turns (every valid one, or all but each
   // row's last with credit_final false), outcome at the other valid turns, outcome the
   // scores normalised within the episode group.
@@ -83,7 +90,7 @@ struct Rows {
 // and, within a block, over the rows in order with its accumulators in vector
 // registers: each turn's sums run in row order.
 struct Turns {
-  std::vector<float> returns;  // the episode group's rows' G, row by row
+  std::vector<float> values;  // the episode group's rows' values as normalised, row by row
   std::vector<float> outcome;  // per row
   std::vector<uint8_t> credited;  // row by row
   std::vector<float> count, largest, high, low, total, squares, scale, divisor, factor, rule;
@@ -302,7 +309,8 @@ void TurnGroups(const float* v, const uint8_t* valid, const int32_t* episode_ids
     }
     const int64_t num_rows = last - first;
     turns.Resize(steps, num_rows);
-    if (o.returns) turns.returns.resize(num_rows * steps);
+    const bool rewritten = o.discount == kBefore || o.final_scores;
+    if (rewritten) turns.values.resize(num_rows * steps);
     if (o.outcome) {
       turns.outcome.resize(num_rows);
       turns.credited.resize(num_rows * steps);
@@ -314,20 +322,25 @@ void TurnGroups(const float* v, const uint8_t* valid, const int32_t* episode_ids
         __builtin_prefetch(valid + rows[first + k + kAhead] * steps);
       }
       const int64_t offset = rows[first + k] * steps;
-      view.x[k] = o.returns ? turns.returns.data() + k * steps : v + offset;
+      view.x[k] = rewritten ? turns.values.data() + k * steps : v + offset;
       view.m[k] = o.outcome ? turns.credited.data() + k * steps : valid + offset;
       view.y[k] = out + offset;
     }
-    if (o.returns) {
-      // G_t = r_t + gamma G_{t+1} at valid turns; an invalid turn passes G on (1 G + 0).
-      for (int64_t k = 0; k < num_rows; ++k) {
-        const int64_t offset = rows[first + k] * steps;
-        float* const g = turns.returns.data() + k * steps;
-        float carry = 0.0f;
-        for (int64_t t = steps - 1; t >= 0; --t) {
-          if (valid[offset + t]) carry = MultiplyAdd(o.gamma, carry, v[offset + t]);
-          g[t] = carry;
-        }
+    for (int64_t k = 0; rewritten && k < num_rows; ++k) {
+      const int64_t offset = rows[first + k] * steps;
+      float* const x = turns.values.data() + k * steps;
+      std::memcpy(x, v + offset, steps * sizeof(float));
+      if (o.final_scores) {
+        int64_t final_turn = steps - 1;
+        while (final_turn >= 0 && !valid[offset + final_turn]) --final_turn;
+        if (final_turn >= 0) x[final_turn] = o.scores[rows[first + k]];
+      }
+      if (o.discount != kBefore) continue;
+      // G_t = x_t + gamma G_{t+1} at valid turns; an invalid turn passes G on (1 G + 0).
+      float carry = 0.0f;
+      for (int64_t t = steps - 1; t >= 0; --t) {
+        if (valid[offset + t]) carry = MultiplyAdd(o.gamma, carry, x[t]);
+        x[t] = carry;
       }
     }
     if (o.outcome) Outcome(o, steps, valid, rows, first, last, turns);
@@ -360,14 +373,21 @@ void TurnGroups(const float* v, const uint8_t* valid, const int32_t* episode_ids
                                                   : 0.0f;
         y[t] = Keep(m[t], advantage);
       });
-      if (!o.outcome) continue;
-      const float outcome = turns.outcome[k];
-      const float credit = o.lam * outcome;
-      const uint8_t* in = valid + rows[first + k] * steps;
-      Lanes(steps, [&](int64_t t) {
-        const f32x8 sum = LoadMask(m + t) != 0 ? Load(y + t) + credit : Splat(outcome);
-        Store(y + t, Keep(LoadMask(in + t), sum));
-      }, [&](int64_t t) { y[t] = Keep(in[t], m[t] ? y[t] + credit : outcome); });
+      const uint8_t* const in = valid + rows[first + k] * steps;
+      if (o.outcome) {
+        const float outcome = turns.outcome[k];
+        const float credit = o.lam * outcome;
+        Lanes(steps, [&](int64_t t) {
+          const f32x8 sum = LoadMask(m + t) != 0 ? Load(y + t) + credit : Splat(outcome);
+          Store(y + t, Keep(LoadMask(in + t), sum));
+        }, [&](int64_t t) { y[t] = Keep(in[t], m[t] ? y[t] + credit : outcome); });
+      }
+      if (o.discount != kAfter) continue;
+      float carry = 0.0f;  // y is 0 at invalid turns, which pass the sum on
+      for (int64_t t = steps - 1; t >= 0; --t) {
+        if (in[t]) carry = MultiplyAdd(o.gamma, carry, y[t]);
+        y[t] = Keep(in[t], carry);
+      }
     }
   }
 }
@@ -375,7 +395,8 @@ void TurnGroups(const float* v, const uint8_t* valid, const int32_t* episode_ids
 ffi::Error TurnGroupsF32(ffi::Buffer<ffi::F32> values, ffi::Buffer<ffi::S32> episode_ids,
                          ffi::Buffer<ffi::PRED> valid, ffi::Buffer<ffi::F32> scores,
                          int32_t std_mode, float eps, float one_plus_eps, bool singleton_raw,
-                         bool pooled, bool returns, float gamma, bool outcome, bool credit_final,
+                         bool pooled, int32_t discount, float gamma, bool final_scores,
+                         bool outcome, bool credit_final,
                          float lam, ffi::ResultBuffer<ffi::F32> out, ffi::ThreadPool pool) {
   const auto dims = values.dimensions();
   if (dims.size() != 2) return ffi::Error::InvalidArgument("turn_groups: values must be [B, T]");
@@ -384,8 +405,12 @@ ffi::Error TurnGroupsF32(ffi::Buffer<ffi::F32> values, ffi::Buffer<ffi::S32> epi
       episode_ids.element_count() != batch || scores.element_count() != batch) {
     return ffi::Error::InvalidArgument("turn_groups: inputs disagree in shape");
   }
-  const Options options{std_mode, eps,   one_plus_eps, singleton_raw, pooled, returns,
-                        gamma,    outcome, credit_final, lam,          scores.typed_data()};
+  if (discount < kNoDiscount || discount > kAfter || (final_scores && outcome)) {
+    return ffi::Error::InvalidArgument("turn_groups: unknown discount, or two uses of scores");
+  }
+  const Options options{std_mode, eps,          one_plus_eps, singleton_raw,
+                        pooled,   discount,     gamma,        final_scores,
+                        outcome,  credit_final, lam,          scores.typed_data()};
   ByEpisodeGroup(pool, episode_ids.typed_data(), batch,
                  [&](const std::vector<int32_t>& rows, int64_t begin, int64_t end, int64_t) {
                    // bool has no vector type: the mask is read as bytes.
@@ -404,14 +429,15 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(StepcreditTurnGroupsF32, TurnGroupsF32,
                                   .Arg<ffi::Buffer<ffi::F32>>()   // values [B, T]
                                   .Arg<ffi::Buffer<ffi::S32>>()   // episode ids [B]
                                   .Arg<ffi::Buffer<ffi::PRED>>()  // valid [B, T]
-                                  .Arg<ffi::Buffer<ffi::F32>>()   // scores [B] (outcome)
+                                  .Arg<ffi::Buffer<ffi::F32>>()   // scores [B] (outcome, final_scores)
                                   .Attr<int32_t>("std")
                                   .Attr<float>("eps")
                                   .Attr<float>("one_plus_eps")
                                   .Attr<bool>("singleton_raw")
                                   .Attr<bool>("pooled")
-                                  .Attr<bool>("returns")
+                                  .Attr<int32_t>("discount")
                                   .Attr<float>("gamma")
+                                  .Attr<bool>("final_scores")
                                   .Attr<bool>("outcome")
                                   .Attr<bool>("credit_final")
                                   .Attr<float>("lam")
