@@ -58,7 +58,36 @@ namespace {
 // belongs to the current round only if its stamp is the round's, so a new round (one
 // depth of one episode group) starts without clearing the table.
 class KeyTable {
+  struct Slot {
+    uint64_t key;
+    uint32_t stamp;
+    int32_t id;
+  };
+
  public:
+  // One round: the table's fields copied into the caller's registers (the table itself
+  // lives in thread-local storage, whose address a loop would otherwise recompute).
+  class Round {
+   public:
+    Round(Slot* slots, uint64_t mask, int32_t shift, uint32_t stamp)
+        : slots_(slots), mask_(mask), shift_(shift), stamp_(stamp) {}
+    int32_t Id(uint64_t key) {
+      uint64_t at = (key * 0x9e3779b97f4a7c15ULL) >> shift_;
+      while (slots_[at].stamp == stamp_ && slots_[at].key != key) at = (at + 1) & mask_;
+      Slot& slot = slots_[at];
+      if (slot.stamp != stamp_) slot = Slot{key, stamp_, next_++};
+      return slot.id;
+    }
+    int32_t size() const { return next_; }
+
+   private:
+    Slot* slots_;
+    uint64_t mask_;
+    int32_t shift_;
+    uint32_t stamp_;
+    int32_t next_ = 0;
+  };
+
   void Reserve(int64_t keys) {
     int32_t bits = 4;
     while ((uint64_t{1} << bits) < 2 * static_cast<uint64_t>(keys)) ++bits;
@@ -67,33 +96,18 @@ class KeyTable {
     }
     for (shift_ = 64, bits = 0; (uint64_t{1} << bits) < slots_.size(); ++bits) --shift_;
   }
-  void NewRound() {
-    next_ = 0;
+  Round NewRound() {
     if (++stamp_ == 0) {  // the stamp wrapped: old stamps could match again
       std::fill(slots_.begin(), slots_.end(), Slot{0, 0, 0});
       stamp_ = 1;
     }
+    return Round(slots_.data(), slots_.size() - 1, shift_, stamp_);
   }
-  int32_t Id(uint64_t key) {
-    const uint64_t mask = slots_.size() - 1;
-    uint64_t at = (key * 0x9e3779b97f4a7c15ULL) >> shift_;
-    while (slots_[at].stamp == stamp_ && slots_[at].key != key) at = (at + 1) & mask;
-    Slot& slot = slots_[at];
-    if (slot.stamp != stamp_) slot = Slot{key, stamp_, next_++};
-    return slot.id;
-  }
-  int32_t size() const { return next_; }
 
  private:
-  struct Slot {
-    uint64_t key;
-    uint32_t stamp;
-    int32_t id;
-  };
   std::vector<Slot> slots_;
   int32_t shift_ = 60;
   uint32_t stamp_ = 0;
-  int32_t next_ = 0;
 };
 
 struct Options {
@@ -109,13 +123,13 @@ struct Options {
 // The valid steps of the episode group being normalised, one array per field, row by
 // row: the valid steps of its k-th row are [first[k], first[k + 1]).
 struct Elements {
-  std::vector<int32_t> index, key;  // b T + t, the group at the current depth
+  std::vector<int32_t> index, key, anchor;  // b T + t, the group at the current depth, a
   std::vector<float> value, total, weight;  // R, sum_d w_d A_d, sum_d w_d
   std::vector<int32_t> rows, first;  // b, and where its steps start
   std::vector<float> scores, episode;  // S_b, then A^E_b
   void Reserve(int64_t n, int64_t num_rows) {
     if (static_cast<int64_t>(index.size()) < n) {
-      for (auto* v : {&index, &key}) v->resize(n);
+      for (auto* v : {&index, &key, &anchor}) v->resize(n);
       for (auto* v : {&value, &total, &weight}) v->resize(n);
     }
     if (static_cast<int64_t>(rows.size()) < num_rows + 1) {
@@ -178,30 +192,12 @@ void EpisodeGroup(const Options& o, const int32_t* anchors, int64_t steps, Buffe
   }
   for (int64_t depth = o.min_depth; depth <= o.max_depth; ++depth) {
     // The depth's key: (the depth - 1 key, the anchor depth - 1 steps back or "none").
-    kept.table.NewRound();
-    int32_t num_keys = 0;
-    auto meet = [&](int64_t e, uint64_t code) {
-      const int32_t k = kept.table.Id(code);
-      key[e] = k;
-      Group& group = groups[k];
-      if (k == num_keys) {
-        group = Group{0.0f, 0.0f, -inf, inf, 0.0f, 0.0f, 1.0f, 0, 0};
-        ++num_keys;
-      }
-      group.count += 1.0f;
-      const float v = value[e];
-      if (any_nan) {  // max and min that keep a NaN
-        group.largest = Max(group.largest, std::fabs(v));
-        group.high = Max(group.high, v);
-        group.low = Min(group.low, v);
-      } else {
-        group.largest = std::fabs(v) > group.largest ? std::fabs(v) : group.largest;
-        group.high = v > group.high ? v : group.high;
-        group.low = v < group.low ? v : group.low;
-      }
-    };
+    KeyTable::Round table = kept.table.NewRound();
     if (depth == 0) {
-      for (int64_t e = 0; e < n; ++e) meet(e, 0);
+      std::fill(key, key + n, 0);
+    } else if (depth == 1) {  // the step's own anchor, gathered with its reward
+      const int32_t* const anchor = el.anchor.data();
+      for (int64_t e = 0; e < n; ++e) key[e] = table.Id(static_cast<uint32_t>(anchor[e]));
     } else {
       const int64_t lag = depth - 1;
       for (int64_t k = 0; k < num_rows; ++k) {
@@ -209,9 +205,30 @@ void EpisodeGroup(const Options& o, const int32_t* anchors, int64_t steps, Buffe
         for (int64_t e = el.first[k]; e < el.first[k + 1]; ++e) {
           const bool exists = index[e] - row_start >= lag;
           const uint64_t anchor = exists ? static_cast<uint32_t>(anchors[index[e] - lag]) : 0;
-          const uint64_t previous = depth == 1 ? 0 : static_cast<uint32_t>(key[e]);
-          meet(e, (previous << 33) | (uint64_t{!exists} << 32) | anchor);
+          const uint64_t previous = static_cast<uint32_t>(key[e]);
+          key[e] = table.Id((previous << 33) | (uint64_t{!exists} << 32) | anchor);
         }
+      }
+    }
+    const int32_t num_keys = depth == 0 ? static_cast<int32_t>(n > 0) : table.size();
+    std::fill(groups, groups + num_keys, Group{0.0f, 0.0f, -inf, inf, 0.0f, 0.0f, 1.0f, 0, 0});
+    if (any_nan) {  // max and min that keep a NaN
+      for (int64_t e = 0; e < n; ++e) {
+        Group& group = groups[key[e]];
+        const float v = value[e];
+        group.count += 1.0f;
+        group.largest = Max(group.largest, std::fabs(v));
+        group.high = Max(group.high, v);
+        group.low = Min(group.low, v);
+      }
+    } else {
+      for (int64_t e = 0; e < n; ++e) {
+        Group& group = groups[key[e]];
+        const float v = value[e];
+        group.count += 1.0f;
+        group.largest = std::fabs(v) > group.largest ? std::fabs(v) : group.largest;
+        group.high = v > group.high ? v : group.high;
+        group.low = v < group.low ? v : group.low;
       }
     }
     bool any_live = false;
@@ -270,6 +287,11 @@ void EpisodeGroups(const float* rewards, const int32_t* anchors, const int32_t* 
   }
   kept.table.Reserve(largest * steps);
   Elements& el = kept.elements;
+  // The buffers' addresses in registers: a store through a vector's element could, as far
+  // as the compiler knows, move the vector's own pointer.
+  int32_t* __restrict const index = el.index.data();
+  int32_t* __restrict const anchor = el.anchor.data();
+  float* __restrict const value = el.value.data();
   for (int64_t first = begin, last; first < end; first = last) {
     const int32_t id = episode_ids[rows[first]];
     int32_t count = 0;
@@ -291,8 +313,9 @@ void EpisodeGroups(const float* rewards, const int32_t* anchors, const int32_t* 
       for (int32_t t = 0; t < steps; ++t) {
         // Written at every step, kept at the valid ones: no branch on the mask.
         const float reward = Keep(valid[offset + t], rewards[offset + t]);
-        el.index[count] = offset + t;
-        el.value[count] = reward;
+        index[count] = offset + t;
+        anchor[count] = anchors[offset + t];
+        value[count] = reward;
         score += reward;
         out[offset + t] = 0.0f;
         count += valid[offset + t] != 0;
@@ -302,8 +325,8 @@ void EpisodeGroups(const float* rewards, const int32_t* anchors, const int32_t* 
       // unchanged (1 R + 0), so skipping it changes no bit.
       float carry = 0.0f;
       for (int32_t e = count - 1; e >= el.first[k]; --e) {
-        carry = MultiplyAdd(o.gamma, carry, el.value[e]);
-        el.value[e] = carry;
+        carry = MultiplyAdd(o.gamma, carry, value[e]);
+        value[e] = carry;
         any_nan |= carry != carry;
       }
     }
