@@ -89,7 +89,9 @@ def mt_grpo(step_rewards, scores, group_ids, mask, *, lam: float = 1.0,
       num_groups: static number of groups, or None to remap ids.
       axis_name: mesh axis to combine group sums over inside `shard_map`. Without one, on
         CPU, for float32 arrays and lam and eps known when tracing, the whole computation
-        runs as one compiled kernel (`native.turn_groups`, the same numbers bit for bit).
+        runs as one compiled kernel (`native.turn_groups`: the same numbers bit for bit
+        with the per-turn baseline, to float32 rounding pooled, whose sums it adds turn by
+        turn).
 
     Returns:
       `[B, T]` advantages, 0 at masked steps.

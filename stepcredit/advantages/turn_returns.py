@@ -105,7 +105,8 @@ def gtpo(step_rewards, group_ids, mask, *, gamma: float = 0.9, baseline: str = "
       num_groups: static number of groups, or None to remap ids.
       method: "auto": on one CPU device, for float32 rewards and gamma and eps known when
         tracing, the returns and their normalisation by one compiled kernel
-        (`native.turn_groups`, the same numbers); elsewhere the returns by
+        (`native.turn_groups`: the same numbers per turn, to float32 rounding over all
+        turns, whose sums it adds turn by turn); elsewhere the returns by
         `discounted_returns`' "auto". "sequential", "chunked" or "associative": how the
         returns are solved (`reverse_linear_recurrence`).
 
@@ -178,7 +179,8 @@ def kevin(step_rewards, group_ids, mask, *, gamma: float = 0.4, baseline: str = 
       num_groups: static number of groups, or None to remap ids.
       method: "auto": on one CPU device, for float32 rewards and gamma and eps known when
         tracing, the returns and their normalisation by one compiled kernel
-        (`native.turn_groups`, the same numbers); elsewhere the returns by
+        (`native.turn_groups`: the same numbers per turn, to float32 rounding over all
+        turns, whose sums it adds turn by turn); elsewhere the returns by
         `discounted_returns`' "auto". "sequential", "chunked" or "associative": how the
         returns are solved (`reverse_linear_recurrence`).
 

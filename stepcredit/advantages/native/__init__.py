@@ -29,10 +29,11 @@ computation (`anchor_groups.cc`): episode scores and their normalisation, step r
 the anchor groups at every history depth and theirs, one episode group at a time and
 the episode groups shared among XLA's threads, where XLA:CPU runs a dozen passes over
 the batch per depth; `turn_groups` the group normalisation within (episode group, turn)
-segments or within episode groups, of values or of their discounted returns
-(`turn_groups.cc`), every turn of a row at once, where XLA:CPU computes the returns in
-three passes and transposes the batch so that the group kernel finds each segment's
-members together.
+segments or within episode groups, of values or of their discounted returns, with
+MT-GRPO's outcome term or IGPO's final scores and discounting after (`turn_groups.cc`),
+eight turns at a time in vector registers, where XLA:CPU computes the returns in three
+passes and transposes the batch so that the group kernel finds each segment's members
+together.
 
 The C++ sources are compiled with the system compiler (`$CXX`, else `c++`) the
 first time a process uses it, against the XLA FFI headers that jaxlib ships,
