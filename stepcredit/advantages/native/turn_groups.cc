@@ -77,9 +77,9 @@ inline void Lanes(int64_t steps, Vector vector, Scalar scalar) {
   for (; t < steps; ++t) scalar(t);
 }
 
-// The rows of one episode group as the passes read them, in order: row k's values (v,
-// or its returns), the mask its statistics count (valid, or MT-GRPO's credited turns)
-// and its output.
+// The rows of one episode group as the passes read them, in order: row k's values (v, or
+// v rewritten: its returns, IGPO's final score), the mask its statistics count (valid, or
+// MT-GRPO's credited turns) and its output.
 struct Rows {
   std::vector<const float*> x;
   std::vector<const uint8_t*> m;
