@@ -142,6 +142,7 @@ struct Elements {
 struct Buffers {
   Elements elements;
   std::vector<Group> groups;
+  std::vector<int32_t> listed;  // the ids of the groups whose statistics are finished
   KeyTable table;
 };
 
@@ -173,6 +174,7 @@ void EpisodeGroup(const Options& o, const int32_t* anchors, int64_t steps, Buffe
   float* const total = el.total.data();
   float* const weight = el.weight.data();
   Group* const groups = kept.groups.data();
+  int32_t* const listed = kept.listed.data();
   const float inf = std::numeric_limits<float>::infinity();
   const float tiny = std::numeric_limits<float>::min();
   const float raw_divisor = 1.0f;  // unused: singleton="zero"
@@ -231,25 +233,31 @@ void EpisodeGroup(const Options& o, const int32_t* anchors, int64_t steps, Buffe
         group.low = v < group.low ? v : group.low;
       }
     }
-    bool any_live = false;
+    // The groups whose statistics are read: every one at a single depth (a singleton's
+    // advantage, 0 or a NaN, is written), only those with two members or more across
+    // depths (a singleton's member adds nothing). Deeper histories leave most groups
+    // singletons, and their divisions and square roots would cost more than the sums.
+    int32_t num_listed = 0;
     for (int32_t g = 0; g < num_keys; ++g) {
       groups[g].scale = ScaleOf(groups[g].largest);
-      any_live |= groups[g].count >= 2.0f;
+      listed[num_listed] = g;
+      num_listed += single || groups[g].count >= 2.0f;
     }
-    if (!any_live && !single) break;  // nothing deeper is live either
+    if (num_listed == 0 && !single) break;  // nothing deeper is live either
     for (int64_t e = 0; e < n; ++e) {
       Group& group = groups[key[e]];
       group.total += value[e] * group.scale;
     }
-    for (int32_t g = 0; g < num_keys; ++g) {
-      groups[g].total = groups[g].total / std::max(groups[g].count, 1.0f);
+    for (int32_t i = 0; i < num_listed; ++i) {
+      Group& group = groups[listed[i]];
+      group.total = group.total / std::max(group.count, 1.0f);
     }
     for (int64_t e = 0; e < n; ++e) {
       Group& group = groups[key[e]];
       const float deviation = value[e] * group.scale - group.total;
       group.squares += deviation * deviation;
     }
-    for (int32_t g = 0; g < num_keys; ++g) Finish(o.std_mode, o.eps, false, groups[g]);
+    for (int32_t i = 0; i < num_listed; ++i) Finish(o.std_mode, o.eps, false, groups[listed[i]]);
     auto advantage = [&](int64_t e) {
       const Group& group = groups[key[e]];
       return Advantage(group, group.scale, o.std_mode, raw_divisor, value[e]);
@@ -264,10 +272,12 @@ void EpisodeGroup(const Options& o, const int32_t* anchors, int64_t steps, Buffe
     }
     if (single) return write([&](int64_t) { return o.omega; }, advantage);
     const float w = o.depth_weights[depth];
+    // Selected, not branched on: whether a step's group is live is as good as random.
     for (int64_t e = 0; e < n; ++e) {
-      if (groups[key[e]].count < 2.0f) continue;
-      total[e] = MultiplyAdd(w, advantage(e), total[e]);
-      weight[e] = weight[e] + w;
+      const bool live = groups[key[e]].count >= 2.0f;
+      const float added = MultiplyAdd(w, advantage(e), total[e]);
+      total[e] = live ? added : total[e];
+      weight[e] = live ? weight[e] + w : weight[e];
     }
   }
   write([&](int64_t) { return o.omega; },
@@ -284,6 +294,7 @@ void EpisodeGroups(const float* rewards, const int32_t* anchors, const int32_t* 
   kept.elements.Reserve(largest * steps, largest);
   if (static_cast<int64_t>(kept.groups.size()) < largest * steps) {
     kept.groups.resize(largest * steps);
+    kept.listed.resize(largest * steps);
   }
   kept.table.Reserve(largest * steps);
   Elements& el = kept.elements;
