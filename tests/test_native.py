@@ -661,6 +661,23 @@ def test_the_anchor_group_kernel_keeps_a_nan_in_its_groups_and_maps_over_a_batch
     batched = jax.vmap(gigpo)(np.stack([rewards, -rewards]), np.stack([anchors, anchors]),
                               np.stack([groups, groups]), np.stack([mask, mask]))
     np.testing.assert_array_equal(batched[1], gigpo(-rewards, anchors, groups, mask))
+    # Across history depths a NaN return stays in the step groups it belongs to, as in
+    # XLA, whether they hold other steps (their statistics are finished) or not. At the
+    # first valid step of its row, given finite scores, it leaves the steps of its episode
+    # group with another anchor finite.
+    rewards, anchors, groups, mask, scores = anchor_inputs()
+    row = next(b for b in range(len(mask)) if mask[b].any())
+    step = mask[row].argmax()
+    rewards[row, step] = np.nan
+    options = dict(episode_scores=scores, max_depth=3, alpha=0.5)
+    out = np.asarray(jax.jit(lambda *args: adv.hgpo(*args, **options))(
+        rewards, anchors, groups, mask))
+    xla = np.asarray(jax.jit(lambda *args: adv.hgpo(*args, method="sequential", **options))(
+        rewards, anchors, groups, mask))
+    np.testing.assert_array_equal(np.isnan(out), np.isnan(xla))
+    np.testing.assert_allclose(out, xla, rtol=0, atol=1e-5 * np.nanmax(np.abs(xla)))
+    elsewhere = mask & (groups[:, None] == groups[row]) & (anchors != anchors[row, step])
+    assert np.isnan(out[row, step]) and elsewhere.any() and np.isfinite(out[elsewhere]).all()
 
 
 def test_the_gigpo_family_uses_the_kernel_on_cpu_only_where_it_applies(monkeypatch, mesh4):
