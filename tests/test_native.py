@@ -280,10 +280,11 @@ def recurrence_inputs(batch=37, length=19, seed=0):
     return x, c.astype(np.float32), rng.normal(size=batch).astype(np.float32)
 
 
-def test_the_recurrence_kernel_equals_the_scan_bit_for_bit():
+@pytest.mark.parametrize("batch, length", [(37, 19), (1027, 131)])  # one part; two threads' (B x T > 2^17)
+def test_the_recurrence_kernel_equals_the_scan_bit_for_bit(batch, length):
     from stepcredit.advantages.recurrence import reverse_linear_recurrence as solve
 
-    x, c, y_init = recurrence_inputs()
+    x, c, y_init = recurrence_inputs(batch, length)
     scan = jax.jit(functools.partial(solve, method="sequential"))(x, c, y_init)
     np.testing.assert_array_equal(jax.jit(native.linear_recurrence)(x, c, y_init), scan)
     np.testing.assert_array_equal(jax.jit(solve)(x, c, y_init), scan)
@@ -447,10 +448,11 @@ def token_view(batch=19, steps=5, seed=0):
     return rng.normal(size=(batch, steps)).astype(np.float32), values, step_index
 
 
-def test_the_token_kernels_equal_the_gather_and_the_scatter_with_their_gradients():
+@pytest.mark.parametrize("batch", [19, 6007])  # one part; two threads' (B x N > 2^17)
+def test_the_token_kernels_equal_the_gather_and_the_scatter_with_their_gradients(batch):
     from stepcredit.advantages import tokens
 
-    step_values, token_values, step_index = token_view()
+    step_values, token_values, step_index = token_view(batch)
     pairs = [
         (tokens.broadcast_to_tokens, tokens._xla_broadcast, step_values),
         (tokens.token_rewards_from_steps,

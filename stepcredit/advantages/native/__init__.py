@@ -73,7 +73,7 @@ _SOURCES = tuple(os.path.join(os.path.dirname(__file__), name)
                               "turn_groups.cc"))
 # Included by the sources: part of the build's cache key, not compiled alone.
 _HEADERS = tuple(os.path.join(os.path.dirname(__file__), name)
-                 for name in ("simd.h", "group_stats.h", "episode_rows.h"))
+                 for name in ("simd.h", "group_stats.h", "parallel.h", "episode_rows.h"))
 # FFI target name -> the handler symbol in the library.
 _TARGET = "stepcredit_masked_gae_f32"
 _PAIR_TARGET = "stepcredit_pair_ids_s32"

@@ -1,17 +1,15 @@
 // What the kernels that work one episode group at a time share: the rows ordered by
-// episode group, the parts of them that XLA's CPU threads share, and running the parts.
+// episode group, and the parts of them that XLA's CPU threads share (`InParallel`).
 
 #ifndef STEPCREDIT_NATIVE_EPISODE_ROWS_H_
 #define STEPCREDIT_NATIVE_EPISODE_ROWS_H_
 
 #include <algorithm>
-#include <atomic>
 #include <cstdint>
-#include <memory>
 #include <numeric>
-#include <thread>
 #include <vector>
 
+#include "parallel.h"
 #include "simd.h"
 #include "xla/ffi/api/ffi.h"
 
@@ -20,27 +18,6 @@ namespace stepcredit {
 // Rows prefetched ahead of the one being gathered: rows ordered by episode group come
 // in no order the hardware prefetcher follows.
 constexpr int64_t kAhead = 4;
-
-// Runs work(part) for every part in [0, parts), on the calling thread and as many of
-// XLA's threads as are free: each part is claimed once, by whichever thread comes first,
-// so the call never waits for a task that has not started. A task that starts after
-// every part is claimed touches nothing but the shared counters.
-template <typename Work>
-void InParallel(xla::ffi::ThreadPool& pool, int64_t parts, const Work& work) {
-  struct Progress {
-    std::atomic<int64_t> next{0}, done{0};
-  };
-  auto progress = std::make_shared<Progress>();
-  auto run = [progress, parts, &work] {
-    for (int64_t part; (part = progress->next.fetch_add(1)) < parts;) {
-      work(part);
-      progress->done.fetch_add(1, std::memory_order_release);
-    }
-  };
-  for (int64_t k = 1; k < parts; ++k) pool.Schedule([run] { run(); });
-  run();
-  while (progress->done.load(std::memory_order_acquire) < parts) std::this_thread::yield();
-}
 
 // The fewest rows a part is worth handing to another thread for.
 constexpr int64_t kRowsPerPart = 512;

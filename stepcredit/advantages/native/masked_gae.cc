@@ -12,7 +12,8 @@
 //
 // Eight time steps at a time are solved in SIMD registers by recursive
 // doubling (three shifts), so the only serial dependency left is one
-// multiply-add per eight steps; two rows are interleaved to hide its latency.
+// multiply-add per eight steps; two rows are interleaved to hide its latency, and
+// a large batch's rows are shared among XLA's CPU threads.
 // Masked inputs may hold NaN: they are cleared with bit masks, never multiplied.
 
 #include <sys/mman.h>
@@ -20,9 +21,11 @@
 #include <cstdint>
 #include <cstring>
 
+#include "parallel.h"
 #include "xla/ffi/api/ffi.h"
 
 namespace ffi = xla::ffi;
+using stepcredit::ByRows;
 
 namespace {
 
@@ -129,7 +132,7 @@ void AdviseHugePages(void* data, int64_t bytes) {
 ffi::Error MaskedGae(ffi::Buffer<ffi::F32> rewards, ffi::Buffer<ffi::F32> values,
                      ffi::Buffer<ffi::PRED> mask, ffi::Buffer<ffi::F32> bootstrap_value,
                      float gamma, float lam, ffi::ResultBuffer<ffi::F32> advantages,
-                     ffi::ResultBuffer<ffi::F32> returns) {
+                     ffi::ResultBuffer<ffi::F32> returns, ffi::ThreadPool pool) {
   const auto dims = rewards.dimensions();
   if (dims.size() == 0) return ffi::Error::InvalidArgument("masked_gae: rewards must be [..., T]");
   const int64_t length = dims.back();
@@ -148,16 +151,18 @@ ffi::Error MaskedGae(ffi::Buffer<ffi::F32> rewards, ffi::Buffer<ffi::F32> values
                mask.typed_data() + offset,        advantages->typed_data() + offset,
                returns->typed_data() + offset,    gamma * bootstrap_value.typed_data()[b]};
   };
-  int64_t b = 0;
-  for (; b + kRows <= num_rows; b += kRows) {
-    Row rows[kRows];
-    for (int j = 0; j < kRows; ++j) rows[j] = row(b + j);
-    Rows<kRows>(rows, length, k);
-  }
-  for (; b < num_rows; ++b) {
-    Row single[1] = {row(b)};
-    Rows<1>(single, length, k);
-  }
+  ByRows(pool, num_rows, length, kRows, [&](int64_t begin, int64_t end) {
+    int64_t b = begin;
+    for (; b + kRows <= end; b += kRows) {
+      Row rows[kRows];
+      for (int j = 0; j < kRows; ++j) rows[j] = row(b + j);
+      Rows<kRows>(rows, length, k);
+    }
+    for (; b < end; ++b) {
+      Row single[1] = {row(b)};
+      Rows<1>(single, length, k);
+    }
+  });
   return ffi::Error::Success();
 }
 
@@ -172,4 +177,5 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(StepcreditMaskedGaeF32, MaskedGae,
                                   .Attr<float>("gamma")
                                   .Attr<float>("lam")
                                   .Ret<ffi::Buffer<ffi::F32>>()   // advantages
-                                  .Ret<ffi::Buffer<ffi::F32>>()); // returns
+                                  .Ret<ffi::Buffer<ffi::F32>>()   // returns
+                                  .Ctx<ffi::ThreadPool>());

@@ -8,7 +8,8 @@
 //
 // XLA:CPU runs `lax.scan` as one small kernel per time step over time-major
 // copies of the inputs; here eight rows advance together, so their eight
-// independent chains hide the latency of one multiply-add each. Each step is
+// independent chains hide the latency of one multiply-add each, and a large
+// batch's rows are shared among XLA's CPU threads. Each step is
 // one fused multiply-add where the CPU has them, as XLA:CPU compiles the scan's
 // step, and a rounded product and sum where it has none, so both give the same
 // float32 numbers.
@@ -16,9 +17,11 @@
 #include <cmath>
 #include <cstdint>
 
+#include "parallel.h"
 #include "xla/ffi/api/ffi.h"
 
 namespace ffi = xla::ffi;
+using stepcredit::ByRows;
 
 namespace {
 
@@ -45,7 +48,7 @@ void Rows(const float* x, const float* c, const float* y_init, float* y, int64_t
 
 ffi::Error LinearRecurrence(ffi::Buffer<ffi::F32> x, ffi::Buffer<ffi::F32> c,
                             ffi::Buffer<ffi::F32> y_init, bool reverse,
-                            ffi::ResultBuffer<ffi::F32> y) {
+                            ffi::ResultBuffer<ffi::F32> y, ffi::ThreadPool pool) {
   const auto dims = x.dimensions();
   if (dims.size() == 0) return ffi::Error::InvalidArgument("linear_recurrence: x must be [..., T]");
   const int64_t length = dims.back();
@@ -57,15 +60,17 @@ ffi::Error LinearRecurrence(ffi::Buffer<ffi::F32> x, ffi::Buffer<ffi::F32> c,
   const float* cs = c.typed_data();
   const float* init = y_init.typed_data();
   float* ys = y->typed_data();
-  int64_t b = 0;
-  for (; b + kRows <= num_rows; b += kRows) {
-    const int64_t offset = b * length;
-    Rows<kRows>(xs + offset, cs + offset, init + b, ys + offset, length, reverse);
-  }
-  for (; b < num_rows; ++b) {
-    const int64_t offset = b * length;
-    Rows<1>(xs + offset, cs + offset, init + b, ys + offset, length, reverse);
-  }
+  ByRows(pool, num_rows, length, kRows, [&](int64_t begin, int64_t end) {
+    int64_t b = begin;
+    for (; b + kRows <= end; b += kRows) {
+      const int64_t offset = b * length;
+      Rows<kRows>(xs + offset, cs + offset, init + b, ys + offset, length, reverse);
+    }
+    for (; b < end; ++b) {
+      const int64_t offset = b * length;
+      Rows<1>(xs + offset, cs + offset, init + b, ys + offset, length, reverse);
+    }
+  });
   return ffi::Error::Success();
 }
 
@@ -77,4 +82,5 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(StepcreditLinearRecurrenceF32, LinearRecurrence,
                                   .Arg<ffi::Buffer<ffi::F32>>()   // c [..., T]
                                   .Arg<ffi::Buffer<ffi::F32>>()   // y_init [...]
                                   .Attr<bool>("reverse")
-                                  .Ret<ffi::Buffer<ffi::F32>>()); // y [..., T]
+                                  .Ret<ffi::Buffer<ffi::F32>>()   // y [..., T]
+                                  .Ctx<ffi::ThreadPool>());
