@@ -280,7 +280,8 @@ def recurrence_inputs(batch=37, length=19, seed=0):
     return x, c.astype(np.float32), rng.normal(size=batch).astype(np.float32)
 
 
-@pytest.mark.parametrize("batch, length", [(37, 19), (1027, 131)])  # one part; two threads' (B x T > 2^17)
+# One part, and two threads' parts (B x T above 2^17 elements).
+@pytest.mark.parametrize("batch, length", [(37, 19), (1027, 131)])
 def test_the_recurrence_kernel_equals_the_scan_bit_for_bit(batch, length):
     from stepcredit.advantages.recurrence import reverse_linear_recurrence as solve
 
@@ -448,7 +449,7 @@ def token_view(batch=19, steps=5, seed=0):
     return rng.normal(size=(batch, steps)).astype(np.float32), values, step_index
 
 
-@pytest.mark.parametrize("batch", [19, 6007])  # one part; two threads' (B x N > 2^17)
+@pytest.mark.parametrize("batch", [19, 6007])  # one part; two threads' (B x N above 2^17)
 def test_the_token_kernels_equal_the_gather_and_the_scatter_with_their_gradients(batch):
     from stepcredit.advantages import tokens
 

@@ -21,10 +21,10 @@ in element order), so they give the same float32 numbers. `steps_to_tokens` and 
 (`tokens.cc`) move values between the step and the token view row by row, where
 XLA:CPU runs a gather and a scatter over every token. These row kernels (GAE, the
 recurrence and the token moves) share a large batch's rows among XLA's CPU threads,
-one part per thread where each part holds at least 2^16 elements (`parallel.h`). `empg` is EMPG's whole
-modulation in four passes (`empg.cc`), where XLA:CPU runs about twenty kernels,
-and `information_gain` IGPO's turn gains in two (`information_gain.cc`); their
-exponentials make them equal to the XLA computations to float32 rounding, not
+one part per thread where each part holds at least 2^16 elements (`parallel.h`).
+`empg` is EMPG's whole modulation in four passes (`empg.cc`), where XLA:CPU runs about
+twenty kernels, and `information_gain` IGPO's turn gains in two (`information_gain.cc`);
+their exponentials make them equal to the XLA computations to float32 rounding, not
 bit for bit. `last_valid` marks each row's last valid position (`last_valid.cc`),
 where XLA:CPU runs an argmax. `anchor_groups` is GiGPO's, ECPO's and HGPO's whole
 computation (`anchor_groups.cc`): episode scores and their normalisation, step returns,
