@@ -151,17 +151,11 @@ ffi::Error MaskedGae(ffi::Buffer<ffi::F32> rewards, ffi::Buffer<ffi::F32> values
                mask.typed_data() + offset,        advantages->typed_data() + offset,
                returns->typed_data() + offset,    gamma * bootstrap_value.typed_data()[b]};
   };
-  ByRows(pool, num_rows, length, kRows, [&](int64_t begin, int64_t end) {
-    int64_t b = begin;
-    for (; b + kRows <= end; b += kRows) {
-      Row rows[kRows];
-      for (int j = 0; j < kRows; ++j) rows[j] = row(b + j);
-      Rows<kRows>(rows, length, k);
-    }
-    for (; b < end; ++b) {
-      Row single[1] = {row(b)};
-      Rows<1>(single, length, k);
-    }
+  ByRows<kRows>(pool, num_rows, length, [&](int64_t b, auto count) {
+    constexpr int n = decltype(count)::value;
+    Row rows[n];
+    for (int j = 0; j < n; ++j) rows[j] = row(b + j);
+    Rows<n>(rows, length, k);
   });
   return ffi::Error::Success();
 }

@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <memory>
 #include <thread>
+#include <type_traits>
 
 #include "xla/ffi/api/ffi.h"
 
@@ -39,18 +40,24 @@ void InParallel(xla::ffi::ThreadPool& pool, int64_t parts, const Work& work) {
 // it, waking a thread costs more than it saves.
 constexpr int64_t kElementsPerPart = int64_t{1} << 16;
 
-// Runs work(begin, end) over rows [0, num_rows) of `row_length` elements each, cut into
-// one part per thread of `pool` (fewer where a part would hold under kElementsPerPart
-// elements), each part's first row a multiple of `align`.
-template <typename Work>
-void ByRows(xla::ffi::ThreadPool& pool, int64_t num_rows, int64_t row_length, int64_t align,
-            const Work& work) {
+// Runs work(b, rows) over rows [0, num_rows) of `row_length` elements each, `rows` an
+// std::integral_constant: Block for each block of Block rows starting at b, then 1 for
+// each row left over. The rows are cut into one part per thread of `pool` (fewer where a
+// part would hold under kElementsPerPart elements), each part's first row a multiple of
+// Block, so that only the last part has rows left over.
+template <int64_t Block, typename Work>
+void ByRows(xla::ffi::ThreadPool& pool, int64_t num_rows, int64_t row_length, const Work& work) {
   const int64_t threads = std::max<int64_t>(pool.num_threads(), 1);
   const int64_t parts = std::clamp<int64_t>(num_rows * row_length / kElementsPerPart, 1, threads);
   auto bound = [&](int64_t part) {
-    return part == parts ? num_rows : part * num_rows / parts / align * align;
+    return part == parts ? num_rows : part * num_rows / parts / Block * Block;
   };
-  InParallel(pool, parts, [&](int64_t part) { work(bound(part), bound(part + 1)); });
+  InParallel(pool, parts, [&](int64_t part) {
+    const int64_t end = bound(part + 1);
+    int64_t b = bound(part);
+    for (; b + Block <= end; b += Block) work(b, std::integral_constant<int64_t, Block>());
+    for (; b < end; ++b) work(b, std::integral_constant<int64_t, 1>());
+  });
 }
 
 }  // namespace stepcredit

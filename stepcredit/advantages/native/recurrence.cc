@@ -60,16 +60,9 @@ ffi::Error LinearRecurrence(ffi::Buffer<ffi::F32> x, ffi::Buffer<ffi::F32> c,
   const float* cs = c.typed_data();
   const float* init = y_init.typed_data();
   float* ys = y->typed_data();
-  ByRows(pool, num_rows, length, kRows, [&](int64_t begin, int64_t end) {
-    int64_t b = begin;
-    for (; b + kRows <= end; b += kRows) {
-      const int64_t offset = b * length;
-      Rows<kRows>(xs + offset, cs + offset, init + b, ys + offset, length, reverse);
-    }
-    for (; b < end; ++b) {
-      const int64_t offset = b * length;
-      Rows<1>(xs + offset, cs + offset, init + b, ys + offset, length, reverse);
-    }
+  ByRows<kRows>(pool, num_rows, length, [&](int64_t b, auto rows) {
+    const int64_t offset = b * length;
+    Rows<decltype(rows)::value>(xs + offset, cs + offset, init + b, ys + offset, length, reverse);
   });
   return ffi::Error::Success();
 }
