@@ -335,6 +335,28 @@ def test_reuse_copies_only_finished_runs_of_the_same_configuration(tmp_path):
     assert sweep.reuse_runs(study, out, source) == ()
 
 
+def test_only_selects_jobs_by_pattern_and_leaves_the_others_alone(tmp_path):
+    study_path = tmp_path / "study.toml"
+    study_path.write_text(STUDY)
+    every = sweep.jobs(_study())
+    ids = [j.job_id for j in sweep.select_jobs(every, ["hotpotqa-*-s0", "diagnose"])]
+    assert ids == ["diagnose", "hotpotqa-GRPO-s0", "hotpotqa-StepPO-s0"]
+    assert sweep.select_jobs(every, []) == every
+    with pytest.raises(ValueError, match=r"only: 'webshop-\*' matches none of the study's jobs"):
+        sweep.sweep(str(study_path), str(tmp_path / "out"), only=["webshop-*"], progress=False)
+    assert not os.path.exists(tmp_path / "out")  # refused before anything is written
+
+    out = str(tmp_path / "out")
+    for run_id in ("hotpotqa-GRPO-s1", "hotpotqa-StepPO-s1"):
+        records.write_record(out, {"run": run_id, "status": records.DONE})
+    summary = sweep.sweep(str(study_path), out, only=["hotpotqa-*-s1"], progress=False,
+                          note=lambda line: None)
+    assert summary == sweep.SweepSummary(skipped=("hotpotqa-GRPO-s1", "hotpotqa-StepPO-s1"),
+                                         finished=(), failed=())
+    assert sorted(os.listdir(os.path.join(out, "records"))) == ["hotpotqa-GRPO-s1.json",
+                                                                 "hotpotqa-StepPO-s1.json"]
+
+
 def test_records_are_written_whole_with_nan_as_null(tmp_path):
     path = records.write_record(tmp_path, {"run": "a-b-s0", "status": records.DONE,
                                            "eval": {"test": {"success": math.nan}}})

@@ -14,12 +14,15 @@ and a sweep into a directory holding another study's results is refused, unless
 are moved aside, the others kept).
 `reuse=[other_out]` first copies the finished runs another sweep shares with this
 study (same run id, same resolved configuration) instead of training them again.
+`only=["webshop-*"]` runs the jobs whose ids match one of the shell patterns and
+leaves the others as they stand (a study's cheap runs before its costly ones).
 """
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
+import fnmatch
 import json
 import os
 import shutil
@@ -201,6 +204,19 @@ def jobs(study: Study) -> list[Job]:
     return found + [Job(run.run_id, run.config.iterations) for run in study.runs()]
 
 
+def select_jobs(every: Sequence[Job], only: Sequence[str]) -> list[Job]:
+    """The jobs whose ids match one of the shell patterns `only` (all of them when empty).
+
+    Raises:
+      ValueError: a pattern matches no job of the study.
+    """
+    for pattern in only:
+        if not any(fnmatch.fnmatchcase(j.job_id, pattern) for j in every):
+            raise ValueError(f"only: {pattern!r} matches none of the study's jobs "
+                             f"({', '.join(j.job_id for j in every[:4])}, ...)")
+    return [j for j in every if not only or any(fnmatch.fnmatchcase(j.job_id, p) for p in only)]
+
+
 def _iterations_done(out: str, job: Job) -> int:
     """Training iterations the run has logged (its metrics file's rows from 0 on)."""
     path = os.path.join(run_dir(out, job.job_id), "metrics.jsonl")
@@ -267,7 +283,8 @@ def reuse_runs(study: Study, out: str, source: str) -> tuple[str, ...]:
 
 def sweep(study_path: str, out: str, *, workers: int | None = None, threads: int | None = None,
           progress: bool = True, note: Callable[[str], None] | None = None,
-          reuse: Sequence[str] = (), amend: bool = False) -> SweepSummary:
+          reuse: Sequence[str] = (), amend: bool = False,
+          only: Sequence[str] = ()) -> SweepSummary:
     """Runs every unfinished job of the study in `study_path`; returns what it did.
 
     Args:
@@ -281,11 +298,14 @@ def sweep(study_path: str, out: str, *, workers: int | None = None, threads: int
         (`reuse_runs`): copied, not trained again.
       amend: `out` may hold an earlier version of this study: its jobs that the study
         would no longer continue as they stand are moved aside (`supersede_changed`).
+      only: shell patterns of job ids (`select_jobs`); the sweep runs only the jobs
+        that match one (the diagnosis's id is "diagnose"); empty: all of them.
     """
     from tqdm import tqdm
 
     note = note or tqdm.write
     study = load_study(study_path)
+    selected = select_jobs(jobs(study), only)
     os.makedirs(out, exist_ok=True)
     with _exclusive(out), _terminate_as_exit():
         moved = claim_output(study, out, amend=amend)
@@ -295,13 +315,14 @@ def sweep(study_path: str, out: str, *, workers: int | None = None, threads: int
         for source in reuse:
             copied = reuse_runs(study, out, source)
             note(f"{len(copied)} finished run(s) with the same configuration copied from {source}")
-        return _sweep(study, out, workers=workers, threads=threads, progress=progress, note=note)
+        return _sweep(study, selected, out, workers=workers, threads=threads, progress=progress,
+                      note=note)
 
 
-def _sweep(study: Study, out: str, *, workers, threads, progress, note) -> SweepSummary:
+def _sweep(study: Study, every: Sequence[Job], out: str, *, workers, threads, progress,
+           note) -> SweepSummary:
     from tqdm import tqdm
 
-    every = jobs(study)
     skipped = tuple(j.job_id for j in every
                     if (read_record(out, j.job_id) or {}).get("status") == DONE)
     queue = [j for j in every if j.job_id not in skipped]

@@ -9,6 +9,8 @@ study without redoing finished runs; then `stepcredit table runs/main`.
 (same run id and resolved configuration) instead of training them again. After an
 edit to the study file, `--amend` continues in the same directory: the runs the edit
 changes are moved aside to `OUT/superseded/` and trained again, the others kept.
+`--only 'webshop-*'` runs the jobs whose ids match a shell pattern (repeatable) and
+leaves the rest for a later sweep.
 """
 
 from __future__ import annotations
@@ -40,6 +42,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="the study file was edited since OUT was swept: move aside the "
                              "runs it now trains differently (to OUT/superseded/) and keep "
                              "the rest")
+    parser.add_argument("--only", action="append", default=[], metavar="PATTERN",
+                        help="run only the jobs whose ids match this shell pattern, e.g. "
+                             "'webshop-*' or '*-GRPO-s0' (repeatable; the diagnosis is "
+                             "'diagnose'); the others are left as they stand")
     add_parallel_arguments(parser)
 
 
@@ -49,7 +55,8 @@ def run(args: argparse.Namespace) -> int:
 
     out = args.out or os.path.join("runs", load_study(args.study).name)
     summary = sweep(args.study, out, workers=args.workers, threads=args.threads,
-                    progress=args.progress, reuse=args.reuse, amend=args.amend)
+                    progress=args.progress, reuse=args.reuse, amend=args.amend,
+                    only=args.only)
     print(f"{len(summary.skipped)} jobs done before, {len(summary.finished)} finished now, "
           f"{len(summary.failed)} failed; results in {out} (see: stepcredit table {out})")
     return 1 if summary.failed else 0
