@@ -6,10 +6,12 @@ until every row has sampled the end-of-action token or `max_new_tokens` is
 reached. A one-token action (`max_new_tokens=1`, the choice format) needs no
 cache: the last block then runs at the last prompt column only
 (`TransformerPolicy.hidden_at`), and, given choice markers, also at the labels
-the policy points at (`TransformerPolicy.choice_logits`). Shapes are static: the
-batch size, the prompt width P and `max_new_tokens` fix the compiled program;
-the temperature and the special ids are traced, so changing them does not
-recompile.
+the policy points at (`TransformerPolicy.choice_logits`); its prompts run in at most
+two passes, the short ones at fewer columns than the batch's longest
+(`sharing.prefill_passes`), and the tokens are sampled for every row at once.
+Shapes are static: the batch size, the prompt width P (or a pass's rows and
+width) and `max_new_tokens` fix the compiled programs; the temperature and the
+special ids are traced, so changing them does not recompile.
 
 Token exactness: the returned ids are the ids that were sampled, with the
 log-probs and entropies of the distribution they were sampled from. Scoring the
@@ -25,9 +27,10 @@ from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from flax import nnx
 
-from stepcredit.models.sharing import SharedRows
+from stepcredit.models.sharing import SharedRows, prefill_passes
 from stepcredit.models.transformer import (
     init_cache,
     positions_from_mask,
@@ -72,8 +75,6 @@ def _sample(key, logits, temperature, done):
     return ids, logp[:, 0], entropy[:, 0]
 
 
-@functools.partial(jax.jit, static_argnames=("graphdef", "max_new_tokens", "choice_markers",
-                                             "label_slots"))
 def generate(graphdef: nnx.GraphDef, state: nnx.State, prompt_tokens: jax.Array,
              prompt_mask: jax.Array, key: jax.Array, *, max_new_tokens: int,
              eoa_id: int | jax.Array, pad_id: int | jax.Array,
@@ -104,7 +105,9 @@ def generate(graphdef: nnx.GraphDef, state: nnx.State, prompt_tokens: jax.Array,
       shared: equal prompts read one prompt pass: the prompt (the prefill of
         the cache) runs on rows `shared.unique` `[U]` only, row b reads that of
         `unique[inverse[b]]` and samples its own tokens
-        (`stepcredit.models.sharing.shared_prompts`); None runs every row.
+        (`stepcredit.models.sharing.shared_prompts`); None runs every row. With
+        `max_new_tokens=1`, the short prompts' pass may also run at fewer
+        columns than P (`sharing.prefill_passes`), equal up to float rounding.
       label_slots: with `choice_markers`, the most labels a prompt holds
         (static, `stepcredit.models.transformer.label_slots`); None: all
         `MAX_CHOICES`.
@@ -118,34 +121,67 @@ def generate(graphdef: nnx.GraphDef, state: nnx.State, prompt_tokens: jax.Array,
     if choice_markers and max_new_tokens != 1:
         raise ValueError(f"generate: choice_markers choose one label, so max_new_tokens must be "
                          f"1, got {max_new_tokens}")
+    if max_new_tokens > 1:
+        return _generate_cached(graphdef, state, prompt_tokens, prompt_mask, key,
+                                max_new_tokens=max_new_tokens, eoa_id=eoa_id, pad_id=pad_id,
+                                temperature=temperature, shared=shared)
+    # One token needs no cache: each pass runs the last block at its last column only.
+    tokens, mask = np.asarray(prompt_tokens), np.asarray(prompt_mask, bool)
+    passes, inverse = prefill_passes(mask, shared)
+    outputs = [_first_token_logits(graphdef, state, tokens[p.rows, -p.width:],
+                                   mask[p.rows, -p.width:], choice_markers=choice_markers,
+                                   label_slots=label_slots) for p in passes]
+    return _sample_first_token(tuple(outputs), inverse, key, temperature, eoa_id)
+
+
+@functools.partial(jax.jit, static_argnames=("graphdef", "choice_markers", "label_slots"))
+def _first_token_logits(graphdef, state, tokens, mask, *, choice_markers, label_slots):
+    """`(logits [U, V], values [U])` at the last column of every row (U rows of one pass)."""
+    model = nnx.merge(graphdef, state)
+    last_column = jnp.full((tokens.shape[0], 1), tokens.shape[1] - 1, jnp.int32)
+    if choice_markers:
+        logits, values = model.choice_logits(tokens, mask, last_column, choice_markers,
+                                             label_slots)
+        return logits[:, -1], values[:, -1]
+    hidden, values = model.hidden_at(tokens, mask, last_column)
+    return model.logits(hidden[:, -1]), values[:, -1]
+
+
+@jax.jit
+def _sample_first_token(outputs, inverse, key, temperature, eoa_id) -> Generation:
+    """Row b samples from the outputs at `inverse[b]` of the passes' concatenated
+    `(logits, values)`; the key is split as `_generate_cached` splits it for its first
+    token."""
+    logits = jnp.concatenate([o[0] for o in outputs])[inverse]
+    values = jnp.concatenate([o[1] for o in outputs])[inverse]
+    _, sub = jax.random.split(key)
+    ids, logp, entropy = _sample(sub, logits, temperature, jnp.zeros(inverse.shape, bool))
+    finished = ids == eoa_id
+    return Generation(ids[:, None], logp[:, None], entropy[:, None],
+                      jnp.ones(ids.shape, jnp.int32), finished, values.astype(jnp.float32))
+
+
+@functools.partial(jax.jit, static_argnames=("graphdef", "max_new_tokens"))
+def _generate_cached(graphdef, state, prompt_tokens, prompt_mask, key, *, max_new_tokens,
+                     eoa_id, pad_id, temperature, shared) -> Generation:
+    """`generate` for `max_new_tokens` > 1: a prefill of the cache, then one cached
+    forward pass per token in a `lax.while_loop`."""
     model = nnx.merge(graphdef, state)
     b, p = prompt_tokens.shape
     prompt_mask = prompt_mask.astype(bool)
     run_tokens, run_mask = ((prompt_tokens, prompt_mask) if shared is None else
                             (prompt_tokens[shared.unique], prompt_mask[shared.unique]))
-    if max_new_tokens == 1:
-        # Nothing is decoded after the first token, so no cache is needed and the
-        # last block runs at the last prompt column only.
-        last_column = jnp.full((run_tokens.shape[0], 1), p - 1, jnp.int32)
-        if choice_markers:
-            logits, values = model.choice_logits(run_tokens, run_mask, last_column,
-                                                 choice_markers, label_slots)
-            logits = logits[:, -1]
-        else:
-            hidden, values = model.hidden_at(run_tokens, run_mask, last_column)
-            logits = model.logits(hidden[:, -1])
-    else:
-        total = p + max_new_tokens
-        columns = jnp.arange(total)
-        key_valid = jnp.concatenate([prompt_mask, jnp.ones((b, max_new_tokens), bool)], axis=1)
-        run_valid = key_valid if shared is None else key_valid[shared.unique]
-        prefill_mask = (columns[None, :] <= jnp.arange(p)[:, None])[None] & run_valid[:, None, :]
-        cache = init_cache(model.config, run_tokens.shape[0], total)
-        logits, values, cache = model.decode(run_tokens, positions_from_mask(run_mask),
-                                             prefill_mask, cache, 0)
-        if shared is not None:
-            cache = jax.tree.map(lambda x: x[shared.inverse], cache)
-        next_position = jnp.sum(prompt_mask, axis=1, dtype=jnp.int32)
+    total = p + max_new_tokens
+    columns = jnp.arange(total)
+    key_valid = jnp.concatenate([prompt_mask, jnp.ones((b, max_new_tokens), bool)], axis=1)
+    run_valid = key_valid if shared is None else key_valid[shared.unique]
+    prefill_mask = (columns[None, :] <= jnp.arange(p)[:, None])[None] & run_valid[:, None, :]
+    cache = init_cache(model.config, run_tokens.shape[0], total)
+    logits, values, cache = model.decode(run_tokens, positions_from_mask(run_mask),
+                                         prefill_mask, cache, 0)
+    if shared is not None:
+        cache = jax.tree.map(lambda x: x[shared.inverse], cache)
+    next_position = jnp.sum(prompt_mask, axis=1, dtype=jnp.int32)
     if shared is not None:
         logits, values = logits[shared.inverse], values[shared.inverse]
     done = jnp.zeros((b,), bool)
@@ -176,9 +212,8 @@ def generate(graphdef: nnx.GraphDef, state: nnx.State, prompt_tokens: jax.Array,
         done = done | (ids == eoa_id)
         return i + 1, key, cache, done, out_tokens, out_logp, out_entropy
 
-    if max_new_tokens > 1:
-        carry = (jnp.int32(1), key, cache, done, out_tokens, out_logp, out_entropy)
-        _, _, _, done, out_tokens, out_logp, out_entropy = jax.lax.while_loop(cond, body, carry)
+    carry = (jnp.int32(1), key, cache, done, out_tokens, out_logp, out_entropy)
+    _, _, _, done, out_tokens, out_logp, out_entropy = jax.lax.while_loop(cond, body, carry)
     lengths = jnp.where(done, jnp.argmax(out_tokens == eoa_id, axis=1) + 1, max_new_tokens)
     return Generation(out_tokens, out_logp, out_entropy, lengths.astype(jnp.int32), done,
                       values[:, -1].astype(jnp.float32))

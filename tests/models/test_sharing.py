@@ -8,7 +8,9 @@ import pytest
 from flax import nnx
 
 from stepcredit.models.generate import generate
-from stepcredit.models.sharing import MIN_SHARED_ROWS, shared_prompts, shared_rows
+from stepcredit.models import sharing
+from stepcredit.models.sharing import (MIN_SHARED_ROWS, ROW_QUANTUM, pass_rows, prefill_passes,
+                                       shared_prompts, shared_rows)
 from stepcredit.models.tokenizer import MAX_CHOICES
 from stepcredit.models.transformer import (
     TransformerConfig,
@@ -154,6 +156,64 @@ def test_generation_from_shared_prompts_samples_what_every_row_alone_samples(max
                                    atol=1e-6)
     # Rows of one prompt still draw their own actions.
     assert len({tuple(alone.tokens[b]) for b, k in enumerate(kinds) if k == 0}) > 1
+
+
+def _long(prompt, length):
+    """`prompt` after filler words, `length` tokens in all."""
+    return [1] + [50 + k % 20 for k in range(length - len(prompt))] + prompt[1:]
+
+
+# 32 short prompts (30 of them distinct) beside three long ones, in a batch 256 wide.
+MIXED = [PROMPTS[k % 4] + [20 + k] for k in range(30)] + [PROMPTS[0] + [20], PROMPTS[1] + [21]] + [
+    _long(PROMPTS[k], 200 + 10 * k) for k in range(3)]
+
+
+def test_prefill_passes_run_the_short_prompts_at_fewer_columns():
+    prompts = pack_rows(MIXED, length=256, pad_id=PAD, side="left")
+    shared = shared_prompts(prompts.tokens, prompts.mask)
+    passes, inverse = prefill_passes(prompts.mask, shared)
+    assert [(len(p.rows), p.width) for p in passes] == [(32, 64), (MIN_SHARED_ROWS, 256)]
+    rows = np.concatenate([p.rows for p in passes])
+    widths = np.concatenate([np.full(len(p.rows), p.width) for p in passes])
+    for b in range(len(MIXED)):
+        source = rows[inverse[b]]  # the row whose outputs row b reads: the same prompt
+        np.testing.assert_array_equal(prompts.tokens[source], prompts.tokens[b])
+        assert not prompts.mask[b, :256 - widths[inverse[b]]].any()
+    # Prompts of about one length keep the one pass of the kinds, at the full width.
+    even = pack_rows(PROMPTS * 4, length=256, pad_id=PAD, side="left")
+    shared = shared_prompts(even.tokens, even.mask)
+    (whole,), inverse = prefill_passes(even.mask, shared)
+    assert whole.width == 256
+    np.testing.assert_array_equal(whole.rows, shared.unique)
+    np.testing.assert_array_equal(inverse, shared.inverse)
+
+
+@pytest.mark.parametrize("count, rows", [(1, MIN_SHARED_ROWS), (9, 16), (64, 64), (65, 128),
+                                         (700, 704), (1000, 1000)])
+def test_a_pass_runs_a_power_of_two_rows_then_multiples_of_the_row_quantum(count, rows):
+    assert ROW_QUANTUM == 64
+    assert pass_rows(count, 1000) == rows
+
+
+@pytest.mark.parametrize("markers", [(SEP,), ()])
+def test_generation_split_by_width_samples_what_one_pass_samples(markers, monkeypatch):
+    prompts = pack_rows(MIXED, length=256, pad_id=PAD, side="left")
+    shared = shared_prompts(prompts.tokens, prompts.mask)
+    assert len(prefill_passes(prompts.mask, shared)[0]) == 2
+
+    def sample():
+        return jax.tree.map(np.asarray, generate(
+            GRAPHDEF, STATE, prompts.tokens, prompts.mask, jax.random.key(4), max_new_tokens=1,
+            eoa_id=EOA, pad_id=PAD, choice_markers=markers, shared=shared))
+
+    split = sample()
+    monkeypatch.setattr(sharing, "SPLIT_SAVING", 1.0)  # no split saves all the work
+    assert len(prefill_passes(prompts.mask, shared)[0]) == 1
+    whole = sample()
+    np.testing.assert_array_equal(split.tokens, whole.tokens)
+    for name in ("logprobs", "entropies", "values"):
+        np.testing.assert_allclose(getattr(split, name), getattr(whole, name), rtol=1e-5,
+                                   atol=1e-6)
 
 
 def test_prompt_values_equal_the_full_forward_pass_at_the_last_column():
