@@ -16,7 +16,6 @@ import time
 from typing import Any, Callable, NamedTuple, Sequence
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 
 from stepcredit.batch import StepRecord, Trajectory
@@ -225,7 +224,8 @@ def _left_padded(tokenizer: Tokenizer, prompts: Sequence[Sequence[int] | None], 
 
 
 def _shared(tokens, mask, share: bool):
-    return jax.tree.map(jnp.asarray, shared_prompts(tokens, mask)) if share else None
+    # Host arrays: a one-token generation splits its passes on the host, and jit takes them.
+    return shared_prompts(tokens, mask) if share else None
 
 
 def collect(graphdef, state, pool: EnvPool, tasks: Sequence[Any], group_size: int,
