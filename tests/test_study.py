@@ -370,9 +370,17 @@ def test_records_are_written_whole_with_nan_as_null(tmp_path):
 
 
 def test_workers_and_their_threads():
-    assert sweep.default_workers(10, cores=2) == 2
-    assert sweep.default_workers(1, cores=8) == 1
-    assert sweep.default_workers(0, cores=8) == 1
+    assert sweep.worker_plan(10, cores=2) == (2, 1)
+    assert sweep.worker_plan(0, cores=8) == (1, 8)
+    # Fewer jobs left than workers asked for: their cores go to the jobs that run.
+    assert sweep.worker_plan(1, workers=2, cores=2) == (1, 2)
+    assert sweep.worker_plan(3, workers=2, cores=8) == (2, 4)
+    assert sweep.worker_plan(3, workers=2, threads=1, cores=8) == (2, 1)
+    assert sweep.worker_plan(5, workers=4, cores=2) == (4, 1)  # oversubscribed, as asked
+    with pytest.raises(ValueError, match="--workers 0"):
+        sweep.worker_plan(3, workers=0, cores=2)
+    with pytest.raises(ValueError, match="--threads 0"):
+        sweep.worker_plan(3, threads=0, cores=2)
     env = sweep.worker_environment(1)
     assert env["XLA_FLAGS"].split()[-1] == "--xla_cpu_multi_thread_eigen=false"
     assert env["OMP_NUM_THREADS"] == "1"

@@ -1,9 +1,9 @@
 """Runs a study's grid in parallel worker processes, resumably.
 
 `sweep(study_path, out, workers=N)` starts one process per run
-(`stepcredit.study.worker`), at most `workers` at a time, each pinned to
-`cores // workers` cores of its own (CPU affinity, which sizes XLA's thread
-pools) so that they do not oversubscribe the CPU. A run
+(`stepcredit.study.worker`), at most `workers` at a time (and no more than the
+jobs left), each pinned to `cores // processes` cores of its own (CPU affinity,
+which sizes XLA's thread pools) so that they do not oversubscribe the CPU. A run
 with a "done" record is skipped; a run interrupted earlier resumes from its
 checkpoints; a run whose process fails or is killed gets a "failed" record with
 the error, and the others go on (the next sweep retries it). One progress bar
@@ -57,9 +57,23 @@ def available_cores() -> int:
     return len(_affinity())
 
 
-def default_workers(pending: int, cores: int | None = None) -> int:
-    """No more workers than cores or pending jobs (at least one)."""
-    return max(1, min(cores or available_cores(), pending))
+def worker_plan(pending: int, workers: int | None = None, threads: int | None = None,
+                cores: int | None = None) -> tuple[int, int]:
+    """`(processes at a time, threads each)` for `pending` jobs on `cores` cores.
+
+    The processes are `workers` (default: the cores), but never more than the
+    pending jobs, so that a sweep with fewer jobs left than workers gives their
+    cores to the jobs it runs; each runs `threads` threads (default: the cores
+    shared among the processes, at least one).
+    """
+    cores = cores or available_cores()
+    workers = cores if workers is None else workers
+    if workers < 1:
+        raise ValueError(f"--workers {workers}: it must be >= 1")
+    if threads is not None and threads < 1:
+        raise ValueError(f"--threads {threads}: it must be >= 1")
+    workers = max(1, min(workers, pending))
+    return workers, threads or max(1, cores // workers)
 
 
 def worker_environment(threads: int) -> dict[str, str]:
@@ -290,8 +304,9 @@ def sweep(study_path: str, out: str, *, workers: int | None = None, threads: int
     Args:
       study_path: the study file (`stepcredit.study.spec`).
       out: the sweep's directory (records/, runs/, diagnose/, study.toml).
-      workers: processes at a time (default: the cores, at most the pending jobs).
-      threads: CPU threads per process (default: cores // workers, at least 1).
+      workers: processes at a time (default: the cores; never more than the pending
+        jobs, whose threads then share the cores, `worker_plan`).
+      threads: CPU threads per process (default: cores // processes, at least 1).
       progress: show a progress bar over the sweep's training iterations.
       note: where one-line messages go (a job finished or failed; default: above the bar).
       reuse: other sweeps' directories whose finished runs this study shares
@@ -326,10 +341,7 @@ def _sweep(study: Study, every: Sequence[Job], out: str, *, workers, threads, pr
     skipped = tuple(j.job_id for j in every
                     if (read_record(out, j.job_id) or {}).get("status") == DONE)
     queue = [j for j in every if j.job_id not in skipped]
-    workers = workers or default_workers(len(queue))
-    if workers < 1:
-        raise ValueError(f"--workers {workers}: it must be >= 1")
-    threads = threads or max(1, available_cores() // workers)
+    workers, threads = worker_plan(len(queue), workers, threads)
     env = worker_environment(threads)
     free_slots = list(enumerate(worker_cores(workers, threads)))
     note(f"{study.name}: {len(every)} jobs, {len(skipped)} already done, {len(queue)} to run "

@@ -23,9 +23,10 @@ HELP = "run a study file's grid of training runs in parallel worker processes, r
 
 def add_parallel_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--workers", type=int, default=None,
-                        help="jobs at a time, one process each (default: the cores)")
+                        help="jobs at a time, one process each (default: the cores; never "
+                             "more than the jobs left)")
     parser.add_argument("--threads", type=int, default=None,
-                        help="CPU threads per job (default: cores // workers)")
+                        help="CPU threads per job (default: the cores // the jobs at a time)")
     parser.add_argument("--no-progress", dest="progress", action="store_false",
                         help="no progress bar")
 
