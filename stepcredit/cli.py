@@ -46,6 +46,17 @@ USER_ERRORS = (ValueError, KeyError, FileNotFoundError, FileExistsError, Permiss
                IsADirectoryError, NotADirectoryError)
 
 
+class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
+    """Shows an option's default where it has one to show: not for a flag, whose
+    default is only "not given", nor for None or a repeatable option's empty list,
+    which the option's help explains."""
+
+    def _get_help_string(self, action):
+        if action.nargs == 0 or action.default is None or action.default == []:
+            return action.help
+        return super()._get_help_string(action)
+
+
 class _Parser(argparse.ArgumentParser):
     """argparse, with a bad argument reported in one line instead of the usage block."""
 
@@ -62,8 +73,9 @@ def build_parser() -> argparse.ArgumentParser:
     subparsers = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for name, module_name in _SUBCOMMANDS.items():
         module = importlib.import_module(module_name)
-        sub = subparsers.add_parser(name, help=module.HELP, description=module.HELP,
-                                    formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+        # argparse %-formats the help it lists ("95% intervals" would raise); not the description.
+        sub = subparsers.add_parser(name, help=module.HELP.replace("%", "%%"),
+                                    description=module.HELP, formatter_class=HelpFormatter)
         module.add_arguments(sub)
         sub.add_argument("--debug", action="store_true",
                          help="show the traceback of an error instead of one line")

@@ -100,7 +100,9 @@ def run(args: argparse.Namespace) -> int:
 if __name__ == "__main__":
     # `python -m stepcredit.serve` works without the `stepcredit` entry point
     # (used by http_server.start_server_process).
+    from stepcredit.cli import HelpFormatter
+
     _parser = argparse.ArgumentParser(prog="stepcredit serve", description=HELP,
-                                      formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+                                      formatter_class=HelpFormatter)
     add_arguments(_parser)
     sys.exit(run(_parser.parse_args()))

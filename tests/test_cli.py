@@ -45,8 +45,18 @@ def test_every_option_has_help_and_the_help_shows_defaults():
                for action in sub._actions if action.help is None
                for option in action.option_strings[:1]]
     assert not missing, f"options without help: {missing}"
-    text = _subparsers()["train"].format_help()
+    text = " ".join(_subparsers()["train"].format_help().split())
     assert "(default: 100)" in text  # --iterations
+    # A flag's default is only "not given", and None is explained by the option's help.
+    assert "--free-choice" in text and "(default: True)" not in text
+    assert "(default: False)" not in text and "(default: None)" not in text
+    assert "(default: [])" not in text  # --import, repeatable
+
+
+def test_the_top_level_help_lists_every_subcommand():
+    text = build_parser().format_help()
+    assert all(name in text for name in _subparsers())
+    assert "95% intervals" in text  # `table`'s one line, its % shown as written
 
 
 def test_version():

@@ -40,7 +40,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="rollouts per task (GiGPO and verl-agent: 8)")
     parser.add_argument("--seed", type=int, default=0,
                         help="seeds the model, the sampling and the task order")
-    parser.add_argument("--max-steps", type=int, default=None, help="episode step limit")
+    parser.add_argument("--max-steps", type=int, default=None, help="episode step limit (default: the environment's own)")
     parser.add_argument("--horizon-schedule", type=_ints, default=(),
                         help="ScalingInter-RL step limits, e.g. 5,10,15")
     parser.add_argument("--horizon-switch-every", type=int, default=50,
@@ -70,7 +70,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="with --async, the most policy versions a batch may lag")
     parser.add_argument("--time-limit", type=float, default=None, metavar="MINUTES",
                         help="stop after this much wall time (warm start included), then "
-                             "evaluate and checkpoint")
+                             "evaluate and checkpoint (default: no limit)")
     parser.add_argument("--tree-count", type=int, default=0, metavar="M",
                         help="rollout trees per task for tree estimators (tree_grpo; 0: "
                              "max(1, group size // 4))")
