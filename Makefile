@@ -1,6 +1,6 @@
 # Two entry points on a fresh machine with python3 and make:
 #   make run   - create .venv, install stepcredit, run the main job (stepcredit reproduce
-#                --preset quick: the diagnosis and a small training comparison, ~15 minutes)
+#                --preset quick: the diagnosis and a small training comparison, ~10 minutes)
 #   make test  - create .venv, install stepcredit with its test, textworld, torch, tunix and
 #                llm extras and verl 0.9.1 (without its dependencies), run the test suite
 

@@ -3,7 +3,7 @@
     stepcredit reproduce --preset quick
 
 runs `experiments/quick.toml` (the diagnosis on the three simulators and a small
-training comparison; about 15 minutes on 2 cores) or `experiments/main.toml`
+training comparison; about 10 minutes on 2 cores) or `experiments/main.toml`
 (the main table), then prints the table and writes the plots, as
 `stepcredit sweep` and `stepcredit table` do. Interrupted, the same command
 continues where it stopped.
@@ -16,7 +16,7 @@ import os
 
 import stepcredit
 
-HELP = "sweep and tabulate a shipped study: quick (about 15 minutes) or full (the main table)"
+HELP = "sweep and tabulate a shipped study: quick (about 10 minutes on 2 cores) or full (the main table)"
 
 # The shipped studies live beside the package, in the clone's experiments/ folder.
 STUDIES = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(stepcredit.__file__))),
