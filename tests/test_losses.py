@@ -314,6 +314,23 @@ def test_step_ratio_and_loss_match_reference(seed):
                                    step_mask)[1]["clip_fraction"]) < 1
 
 
+
+def test_a_masked_steps_tokens_may_hold_anything():
+    logp, old_logp, step_adv, step_index, step_mask = step_view(0, spread=0.02)
+    masked_tokens = ~np.asarray(step_mask)[np.arange(B)[:, None], np.maximum(step_index, 0)] & (
+        np.asarray(step_index) >= 0)
+    assert masked_tokens.any()
+    clean = step_ppo_loss(logp, old_logp, step_adv, step_index, step_mask)
+    noisy_logp, noisy_old = (jnp.where(masked_tokens, jnp.nan, x) for x in (logp, old_logp))
+    noisy = step_ppo_loss(noisy_logp, noisy_old, step_adv, step_index, step_mask)
+    assert_close(noisy[0], clean[0])
+    assert_metrics(noisy[1], clean[1])
+    grad = jax.grad(lambda x: step_ppo_loss(x, noisy_old, step_adv, step_index, step_mask)[0])
+    assert np.isfinite(np.asarray(grad(noisy_logp))).all()
+    with pytest.raises(ValueError, match="step_ppo_loss: logp is not finite"):  # a valid step's
+        step_ppo_loss(jnp.where(~masked_tokens & (np.asarray(step_index) >= 0), jnp.nan, logp),
+                      old_logp, step_adv, step_index, step_mask)
+
 def _verl_gspo_token_form(logp, old_logp, step_adv, step_index, step_mask, clip_low, clip_high):
     """verl's GSPO per token: s_n = sg[w_t] pi(y_n) / sg[pi(y_n)], seq-mean-token-mean over steps."""
     action = step_index >= 0

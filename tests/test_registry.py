@@ -27,6 +27,15 @@ def test_gae_entries_carry_their_whitening_and_needs():
     assert advantages.get("step_gae").needs_critic and advantages.get("step_gae").input_level == "step"
 
 
+@pytest.mark.parametrize("field, level", [
+    ("mc_values", "step"), ("progress", "step"), ("grounding", "step"), ("answer_logp", "step"),
+    ("step_rewards", "step"), ("prm_logp", "token"), ("scores", "trajectory")])
+def test_the_input_level_is_inferred_from_the_finest_field_read(field, level):
+    entry = advantages.Estimator("reads_one", lambda **kwargs: None, {field: field}, {},
+                                 "arXiv 0000.00000", output_level="step")
+    assert entry.input_level == level
+
+
 def test_defaults_are_read_only():
     with pytest.raises(TypeError):
         advantages.get("step_gae").defaults["gamma"] = 0.5

@@ -221,10 +221,12 @@ def istar(scores, step_rewards, group_ids, mask, *, alpha: float = 1.0, episode:
 
     where R_g holds the implicit step rewards of all valid steps of the
     group's trajectories (M of them). alpha = 0 gives the episode estimator
-    broadcast over steps. A singleton group gives 0 at either level, and a
-    group whose scores (or, with step_baseline="all_steps", whose step
-    rewards) are all equal gives 0 at that level (the conventions of `grpo`
-    and `rloo`).
+    broadcast over steps. A singleton group gives 0 at the episode level,
+    and at the step level with step_baseline="first_step" (or fewer than two
+    valid steps: with "all_steps" one trajectory's steps are still compared
+    among themselves); a group whose scores (or, with "all_steps", whose
+    step rewards) are all equal gives 0 at that level (the conventions of
+    `grpo` and `rloo`).
 
     Args:
       scores: `[B]` episode scores r_o (the sum of the step rewards); every

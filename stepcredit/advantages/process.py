@@ -99,12 +99,12 @@ def add_process_advantage(episode_advantages, process_rewards, group_ids, mask, 
 
     Raises:
       ValueError / TypeError: wrong rank, shape, dtype or option; called
-        eagerly, NaN or inf at a valid position or in episode_advantages, or
-        an id outside [0, num_groups).
+        eagerly, NaN or inf at a valid position or in the episode_advantages
+        of a trajectory with one, or an id outside [0, num_groups).
 
     References:
       Liu et al., "Agentic RL with Implicit Step Rewards" (iStar), arXiv
-      2509.19199, §2.3 (A = A^E + alpha A^S).
+      2509.19199, §3 (A = A^E + alpha A^S).
 
     Notes:
       With baseline="first" and normalize="grpo", a group whose first
@@ -245,7 +245,8 @@ def prime_advantages(token_rewards, outcome_scores, action_mask, group_ids, *,
 
     Raises:
       ValueError / TypeError: wrong rank, shape or dtype; called eagerly,
-        NaN or inf at an action token or in outcome_scores.
+        NaN or inf at an action token or in the outcome_scores of a
+        trajectory with one.
 
     References:
       Cui et al., "Process Reinforcement through Implicit Rewards" (PRIME),

@@ -39,7 +39,8 @@ Whiten = Literal["none", "steps", "tokens"]
 
 _TOKEN_FIELDS = {"step_index", "token_values", "prm_logp", "ref_logp", "action_mask",
                  "token_rewards", "prime_token_rewards"}
-_STEP_FIELDS = {"mask", "step_rewards", "step_values", "entropy", "anchors"}
+_STEP_FIELDS = {"mask", "step_rewards", "step_values", "entropy", "anchors", "progress",
+                "grounding", "mc_values", "answer_logp"}
 
 
 @dataclasses.dataclass(frozen=True)

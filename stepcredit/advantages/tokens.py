@@ -51,7 +51,7 @@ def step_rewards_from_tokens(token_rewards, step_index, num_steps: int) -> jax.A
       same numbers bit for bit); elsewhere a segment sum.
 
     References:
-      StepPO (arXiv 2604.18401), §1.2 of its step-level GAE: the environment's
+      StepPO (arXiv 2604.18401), its step-level GAE: the environment's
       scalar sits on the step's last token, so the sum recovers it.
 
     Example: token_rewards [[0, 0, 1, 0, 2]], step_index [[0, 0, 0, -1, 1]],

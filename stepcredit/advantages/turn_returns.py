@@ -89,8 +89,10 @@ def gtpo(step_rewards, group_ids, mask, *, gamma: float = 0.9, baseline: str = "
     std="none" drops the division and eps (A = G - mean). With one turn per
     trajectory, G_0 is the trajectory's score and GTPO is GRPO (`grpo`) on
     it, for either baseline and any gamma. With gamma = 1 and the reward only
-    on the last turn, every G_t is the score; with "all_turns" and equal
-    lengths the advantage is then GRPO's broadcast over the turns.
+    on the last turn, every G_t is the score; with "same_turn", or with
+    "all_turns", equal lengths and std "biased" or "none" (the unbiased std
+    of each score repeated T times is not GRPO's), the advantage is then
+    GRPO's with that std, broadcast over the turns.
 
     Args:
       step_rewards: `[B, T]` turn rewards r_t (masked entries may hold NaN).

@@ -22,7 +22,9 @@ from stepcredit.losses.policy import LossAndMetrics, check_clip, clipped_surroga
 LOG_STEP_RATIO_MAX = 10.0
 
 
-def _check_token_view(fn: str, logp, old_logp, step_index, num_steps: int):
+def _check_token_view(fn: str, logp, old_logp, step_index, num_steps: int, step_mask=None):
+    """The token arrays, checked; their values only at action tokens (of valid steps, with
+    `step_mask` given: a masked step's tokens may hold anything)."""
     step_index = _checks.int_array(fn, "step_index", step_index, rank=2)
     logp = _checks.float_array(fn, "logp", logp, rank=2)
     old_logp = _checks.float_array(fn, "old_logp", old_logp, rank=2)
@@ -32,8 +34,11 @@ def _check_token_view(fn: str, logp, old_logp, step_index, num_steps: int):
     if _checks.is_concrete(step_index) and step_index.size and int(step_index.max()) >= num_steps:
         raise ValueError(f"{fn}: step_index holds {int(step_index.max())} but there are {num_steps} "
                          f"steps; step indices must lie in [-1, {num_steps})")
-    _checks.finite_where(fn, "logp", logp, step_index >= 0)
-    _checks.finite_where(fn, "old_logp", old_logp, step_index >= 0)
+    counted = step_index >= 0
+    if step_mask is not None:
+        counted = counted & (broadcast_to_tokens(step_mask.astype(logp.dtype), step_index) > 0)
+    _checks.finite_where(fn, "logp", logp, counted)
+    _checks.finite_where(fn, "old_logp", old_logp, counted)
     return logp, old_logp, step_index
 
 
@@ -154,10 +159,12 @@ def step_ppo_loss(logp, old_logp, step_advantages, step_index, step_mask, *,
     step_mask = _checks.bool_array(fn, "step_mask", step_mask, rank=2)
     _checks.same_shape(fn, "[B, T]", step_advantages=step_advantages, step_mask=step_mask)
     num_steps = step_advantages.shape[1]
-    logp, old_logp, step_index = _check_token_view(fn, logp, old_logp, step_index, num_steps)
+    step_index = _checks.int_array(fn, "step_index", step_index, rank=2)
     if step_index.shape[0] != step_advantages.shape[0]:
         raise ValueError(f"{fn}: step_index has shape {tuple(step_index.shape)} but step_advantages "
                          f"has shape {tuple(step_advantages.shape)}; both need the same B")
+    logp, old_logp, step_index = _check_token_view(fn, logp, old_logp, step_index, num_steps,
+                                                   step_mask)
     _checks.finite_where(fn, "step_advantages", step_advantages, step_mask)
 
     token_log_ratio, log_ratio, counts = _step_log_ratio(
