@@ -4,7 +4,8 @@
 for estimators that need groups), builds the inputs the registry entry asks
 for, runs the estimator (jitted, shapes padded to powers of two so that a few
 compilations serve the whole log), and writes the input rows, untouched, with
-new columns:
+new columns (a JSONL log written as Parquet takes the schema's types for its
+schema fields, every column of the log in each row, null where a row lacks one):
 
   advantage          float32    per row, for step- and trajectory-level estimators
   return             float32    per row, where the estimator defines returns
@@ -384,14 +385,18 @@ def compute_credit(source, output: str, estimator: str, *, overrides: Mapping[st
         a number not finite in float32; or an advantage or return not finite
         in float32 (naming its row and the column). Nothing is written then.
       ValueError: an unknown estimator or hyperparameter, an output path equal
-        to the input, a column name already in the input, an input without
-        rows (unless `allow_empty`).
+        to the input or in a folder that does not exist, a column name already
+        in a row of the input (naming the row), an input without rows (unless
+        `allow_empty`).
     """
     import datasets
     from tqdm.auto import tqdm
 
     plan = _plan(estimator, dict(overrides or {}), whiten)
     fmt = output_format(output)
+    folder = os.path.dirname(os.path.abspath(os.fspath(output)))
+    if not os.path.isdir(folder):
+        raise ValueError(f"--output {output}: the folder {folder} does not exist")
     if not isinstance(source, datasets.Dataset) and os.path.exists(output) and \
             os.path.samefile(os.fspath(source), output):
         raise ValueError(f"--output {output} is the input; the input is never modified")
@@ -399,11 +404,14 @@ def compute_credit(source, output: str, estimator: str, *, overrides: Mapping[st
     total = source_rows(source)
     jitted = _compiled(plan)
     moments = _Moments()
+    first_row: dict[str, int] = {}  # each input column and the first row that holds it
+    extra_types: dict[str, pa.DataType] = {}  # a JSONL column outside the schema: its first value's
     rows = trajectories = 0
     with tempfile.TemporaryFile() as advantage_file, tempfile.TemporaryFile() as return_file:
         has_returns = False
         bar = tqdm(total=total, unit="rows", desc=f"credit {estimator}", delay=1.0, disable=not progress)
         for batch in iter_batches(source, by=by, batch_rows=batch_rows):
+            _note_columns(first_row, extra_types, batch)
             advantages, returns, views = _run_batch(plan, jitted, batch)
             if plan.whiten != "none":
                 weight = np.ones(len(advantages)) if plan.token_output or plan.whiten == "steps" \
@@ -426,6 +434,10 @@ def compute_credit(source, output: str, estimator: str, *, overrides: Mapping[st
         return_file.seek(0)
         names = (TOKEN_ADVANTAGES, TOKEN_RETURNS) if plan.token_output else (ADVANTAGE, RETURN)
         columns = names if has_returns else names[:1]
+        clash = [name for name in columns if name in first_row]
+        if clash:
+            raise ValueError(f"row {first_row[clash[0]]} of the input already has a column "
+                             f"{clash[0]!r}; offline credit adds it")
         with atomic_path(output) as temporary:
             writer = RowWriter(temporary, fmt)
             try:
@@ -439,7 +451,8 @@ def compute_credit(source, output: str, estimator: str, *, overrides: Mapping[st
                         new[columns[0]] = moments.whiten(new[columns[0]])
                     if has_returns:
                         new[columns[1]] = np.fromfile(return_file, np.float32, count)
-                    _write(writer, fmt, raw, new, lengths if plan.token_output else None)
+                    _write(writer, fmt, raw, new, lengths if plan.token_output else None,
+                           tuple(first_row), extra_types)
                     bar.update(len(lengths))
                 bar.close()
             finally:
@@ -494,11 +507,30 @@ def _raw_batches(source, batch_rows: int):
         yield table, pc.list_value_length(table.column("response_ids")).to_numpy().astype(np.int64)
 
 
-def _write(writer: RowWriter, fmt: str, raw, new: dict[str, np.ndarray], lengths) -> None:
-    existing = raw[0].keys() if isinstance(raw, list) else raw.column_names
-    clash = [name for name in new if name in existing]
-    if clash:
-        raise ValueError(f"the input already has a column {clash[0]!r}; offline credit adds it")
+_SCHEMA_NAMES = frozenset(schema.ARROW_SCHEMA.names)
+
+
+def _note_columns(first_row: dict[str, int], extra_types: dict[str, pa.DataType],
+                  batch: LogBatch) -> None:
+    """Adds the batch's input columns not seen before, with the row each first appears in,
+    and for a JSONL column outside the schema the Arrow type of its first value not null."""
+    if isinstance(batch.source_rows, list):
+        for offset, record in enumerate(batch.source_rows):
+            for name in record.keys() - first_row.keys():
+                first_row[name] = batch.start + offset
+            for name in record.keys() - extra_types.keys() - _SCHEMA_NAMES:
+                if record[name] is not None:
+                    extra_types[name] = pa.array([record[name]]).type
+    else:
+        for name in batch.source_rows.column_names:
+            first_row.setdefault(name, batch.start)
+
+
+def _write(writer: RowWriter, fmt: str, raw, new: dict[str, np.ndarray], lengths,
+           input_columns: tuple[str, ...], extra_types: Mapping[str, pa.DataType]) -> None:
+    """Writes a batch of input rows as read, with the new columns beside them. JSONL records
+    become a table over every column of the input (null where a record lacks one), each in
+    one type, so that all batches of a Parquet output share one schema."""
     if lengths is not None:
         offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int32)
         arrays = {k: pa.ListArray.from_arrays(pa.array(offsets), pa.array(v)) for k, v in new.items()}
@@ -512,21 +544,24 @@ def _write(writer: RowWriter, fmt: str, raw, new: dict[str, np.ndarray], lengths
             return
         table = raw
     else:
-        table = raw if not isinstance(raw, list) else _records_table(raw)
+        table = raw if not isinstance(raw, list) else _records_table(raw, input_columns,
+                                                                     extra_types)
     for name, array in arrays.items():
         table = table.append_column(name, array)
     writer.write_table(table)
 
 
-def _records_table(records: list[dict]) -> pa.Table:
-    """JSONL records as a table: schema fields in their types, other fields as inferred."""
-    names = list(dict.fromkeys(key for record in records for key in record))
+def _records_table(records: list[dict], names: tuple[str, ...],
+                   extra_types: Mapping[str, pa.DataType]) -> pa.Table:
+    """JSONL records as a table of the columns `names`: schema fields in their types, other
+    fields in `extra_types` (null where absent there: a column that is null throughout)."""
     fields = [schema.ARROW_SCHEMA.field(n) if n in schema.ARROW_SCHEMA.names else None for n in names]
     arrays = []
     for name, field in zip(names, fields):
         if field is None:
             try:
-                arrays.append(pa.array([r.get(name) for r in records]))
+                arrays.append(pa.array([r.get(name) for r in records],
+                                       extra_types.get(name, pa.null())))
             except (pa.ArrowInvalid, pa.ArrowTypeError) as error:
                 raise ValueError(f"column {name!r} mixes types that a Parquet column cannot hold "
                                  f"({error}); write a .jsonl output to keep it as it is") from None

@@ -208,3 +208,45 @@ def test_an_optional_input_that_logs_lack_is_left_out(log, tmp_path):
     assert all(np.isfinite(r["token_advantages"]).all() for r in rows)
     with pytest.raises(ValueError, match="reads prm_logp, ref_logp, which step rows do not hold"):
         compute_credit(path, str(tmp_path / "x.jsonl"), "istar", progress=False)
+
+
+def _edited(path, target, edit):
+    """A copy of the JSONL log at `path` with `edit(row_number, row)` applied to each row."""
+    with open(path) as source, open(target, "w") as out:
+        for number, line in enumerate(source):
+            out.write(json.dumps(edit(number, json.loads(line))) + "\n")
+    return str(target)
+
+
+def test_a_column_clash_in_any_row_is_refused_before_writing(log, tmp_path):
+    _, path = log
+    clashing = _edited(path, tmp_path / "clash.jsonl",
+                       lambda number, row: {**row, "advantage": 1.5} if number == 3 else row)
+    output = tmp_path / "out.jsonl"
+    with pytest.raises(ValueError, match="row 3 of the input already has a column 'advantage'"):
+        compute_credit(clashing, str(output), "grpo", progress=False)
+    assert not output.exists()
+    with pytest.raises(ValueError, match="the folder .*nowhere does not exist"):
+        compute_credit(path, str(tmp_path / "nowhere" / "out.jsonl"), "grpo", progress=False)
+
+
+def test_jsonl_rows_of_differing_columns_make_one_parquet_table(log, tmp_path):
+    """Later rows may add an optional field or a column of their own, or lack one: as Parquet,
+    every row holds every column of the log, null where it lacks one."""
+    trajectories, path = log
+    def edit(number, row):
+        if number < 10:
+            row.pop("value", None)
+        else:
+            row["note"] = f"row {number}"
+        return row
+    varied = _edited(path, tmp_path / "varied.jsonl", edit)
+    output = str(tmp_path / "out.parquet")
+    compute_credit(varied, output, "grpo", batch_rows=4, progress=False)
+    rows = _rows(output)
+    assert len(rows) == sum(len(t.steps) for t in trajectories)
+    assert [r["note"] for r in rows[:10]] == [None] * 10 and rows[10]["note"] == "row 10"
+    assert rows[0]["value"] is None and rows[10]["value"] is not None
+    expected = _rows(str(compute_credit(path, str(tmp_path / "plain.parquet"), "grpo",
+                                        progress=False).output))
+    assert [r["advantage"] for r in rows] == [r["advantage"] for r in expected]
