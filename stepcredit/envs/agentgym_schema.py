@@ -58,8 +58,6 @@ class ServerSchema:
       score_scale: divides the server's score so that 1.0 means solved (100
         for SciWorld's 0-100 score).
       won_at: the normalised score from which a finished episode counts as won.
-      has_close: whether the server implements `/close` (ALFWorld, WebShop and
-        SQLGym do not, though their AgentGym clients call it).
       stepcredit_extras: the server is `stepcredit serve`, whose answers carry
         `anchor`, `task`, `truncated` and `info`, and which has `/info`.
       max_steps: the client-side step limit used when the caller gives none
@@ -83,7 +81,6 @@ class ServerSchema:
     reward_from: Literal["reward", "score_delta"] = "reward"
     score_scale: float = 1.0
     won_at: float = 1.0
-    has_close: bool = True
     stepcredit_extras: bool = False
     max_steps: int = 50
     id_key: str | None = None
@@ -113,7 +110,7 @@ class ServerSchema:
 SCHEMAS: dict[str, ServerSchema] = {
     s.name: s for s in (
         ServerSchema("alfworld", "id", "game", reset_extra={"world_type": "Text"},
-                     actions_key="available_actions", has_close=False, max_steps=50),
+                     actions_key="available_actions", max_steps=50),
         # BabyAI lists the available actions inside the observation text and pays
         # 1 - 0.9 t/T on success, 0 otherwise: any positive final score is a win.
         ServerSchema("babyai", "id", "data_idx", won_at=1e-9, max_steps=20),
@@ -123,9 +120,9 @@ SCHEMAS: dict[str, ServerSchema] = {
         ServerSchema("webshop", "env_idx", "session_id", reset_shape="pair",
                      step_observation_key="state", actions_path="/available_actions",
                      actions_format="webshop", task_path="/instruction_text",
-                     has_close=False, max_steps=15),
+                     max_steps=15),
         ServerSchema("sqlgym", "env_idx", "item_id", reset_shape="pair",
-                     step_observation_key="state", has_close=False, max_steps=10),
+                     step_observation_key="state", max_steps=10),
         ServerSchema("searchqa", "env_idx", "id", create_body={"id": 0}, reset_shape="text",
                      max_steps=10),
         ServerSchema("stepcredit", "id", "data_idx", actions_key="available_actions",

@@ -309,7 +309,7 @@ class HttpEnv:
         if self._closed:
             return ""
         self._closed = True
-        if not self.schema.has_close or self._gone or self._id is None:
+        if self._gone or self._id is None:
             return ""  # a changed server's instance with this id is not ours to close
         try:
             self._request("POST", "/close", json={self.schema.id_field: self._id},
@@ -320,7 +320,9 @@ class HttpEnv:
         except HttpEnvError as e:
             # The instance may be gone already (a dead server); closing must not
             # turn one fault into many at the end of a batch.
-            if e.status not in (404, 405):  # 404/405: the server has no /close
+            # 404/405: the server has no /close (AgentGym's ALFWorld, WebShop and SQLGym
+            # servers; `stepcredit serve`'s dialects of them have one).
+            if e.status not in (404, 405):
                 return str(e)
         return ""
 

@@ -221,6 +221,16 @@ def test_alfworld_episode_runs_as_long_as_the_client_asks(alfworld_url):
     client.close()
 
 
+@pytest.mark.parametrize("dialect", ["alfworld", "webshop"])
+def test_http_env_closes_its_instances_on_a_dialect_server(dialect):
+    from stepcredit.envs.http_client import HttpEnv
+
+    with _server(dialect, dialect, max_envs=1) as server:
+        for _ in range(3):  # each needs the one slot the one before it released
+            with HttpEnv(server.url, dialect) as env:
+                env.reset(0)
+
+
 def test_the_step_limit_is_a_server_option():
     with _server("alfworld", "alfworld", max_steps=3) as server:
         client = AlfWorldClient(server.url)
