@@ -20,8 +20,9 @@ from stepcredit.envs.agentgym_dialects import DIALECTS
 HELP = "Serve a stepcredit environment over the AgentGym HTTP protocol (FastAPI + uvicorn)."
 
 
-def _number(kind: type, least: float, inclusive: bool = True):
-    """An argparse type: a `kind` number >= `least` (> `least` if not inclusive)."""
+def _number(kind: type, least: float, inclusive: bool = True, most: float | None = None):
+    """An argparse type: a `kind` number >= `least` (> `least` if not inclusive), and at most
+    `most` where given."""
     def parse(text: str):
         try:
             value = kind(text)
@@ -30,6 +31,8 @@ def _number(kind: type, least: float, inclusive: bool = True):
         if value < least or (value == least and not inclusive):
             raise argparse.ArgumentTypeError(
                 f"must be {'>=' if inclusive else '>'} {least:g}, got {text}")
+        if most is not None and value > most:
+            raise argparse.ArgumentTypeError(f"must be <= {most:g}, got {text}")
         return value
     parse.__name__ = kind.__name__
     return parse
@@ -43,7 +46,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="JSON object of keyword arguments for the environment")
     parser.add_argument("--host", default="127.0.0.1",
                         help="interface to bind (0.0.0.0 exposes it to the network)")
-    parser.add_argument("--port", type=int, default=8000, help="TCP port (AgentGym's default)")
+    parser.add_argument("--port", type=_number(int, 0, most=65535), default=8000,
+                        help="TCP port (AgentGym's default)")
     parser.add_argument("--dialect", choices=DIALECTS, default="id",
                         help="what to answer as: stepcredit's own id (ALFWorld's family) or "
                              "env_idx (WebShop's family), with extra keys for HttpEnv; or "
@@ -83,17 +87,20 @@ def run(args: argparse.Namespace) -> int:
         if not isinstance(env_kwargs, dict):
             raise ValueError(f"expected a JSON object, got {args.env_kwargs!r}")
         factory = http_server.resolve_env_factory(args.env, env_kwargs)
-    except ValueError as e:  # json.JSONDecodeError is a ValueError
+        # Builds (and probes) one environment: an unknown keyword fails here, in one line.
+        app = http_server.create_app(factory, dialect=args.dialect, max_envs=args.max_envs,
+                                     idle_timeout_s=args.idle_timeout_s,
+                                     max_body_bytes=args.max_body_bytes,
+                                     max_action_chars=args.max_action_chars,
+                                     max_steps=args.max_steps)
+    except (ValueError, TypeError) as e:  # json.JSONDecodeError is a ValueError
         print(f"stepcredit serve: bad --env/--env-kwargs: {e}", file=sys.stderr)
         return 2
     print(f"stepcredit serve: {args.env} ({args.dialect} dialect) on "
           f"http://{args.host}:{args.port}", flush=True)
-    http_server.serve(factory, host=args.host, port=args.port, dialect=args.dialect,
-                      max_envs=args.max_envs, idle_timeout_s=args.idle_timeout_s,
-                      max_body_bytes=args.max_body_bytes, max_action_chars=args.max_action_chars,
-                      max_steps=args.max_steps,
-                      header_timeout_s=args.header_timeout_s, body_timeout_s=args.body_timeout_s,
-                      log_level=args.log_level)
+    http_server.build_server(app, host=args.host, port=args.port,
+                             header_timeout_s=args.header_timeout_s,
+                             body_timeout_s=args.body_timeout_s, log_level=args.log_level).run()
     return 0
 
 

@@ -84,7 +84,13 @@ def _steps(batch, size: int, fn: str) -> tuple[np.ndarray, str]:
                        f"each row's step from its prompt's 'you have already taken N step(s)')")
     steps = np.zeros(size, np.int64)
     for row, messages in enumerate(host(prompts).reshape(-1)):
-        found = _STEP_IN_PROMPT.search(str(messages[0]["content"]))
+        try:
+            content = messages[0]["content"]
+        except (IndexError, KeyError, TypeError):
+            raise ValueError(f"{fn}: raw_prompt[{row}] is {type(messages).__name__} "
+                             f"{str(messages)[:60]!r}; it must be a list of chat messages "
+                             "(dicts with 'content')") from None
+        found = _STEP_IN_PROMPT.search(str(content))
         steps[row] = int(found.group(1)) if found else 0
     return steps, "the step read from raw_prompt ('you have already taken N step(s)'; 0 where absent)"
 

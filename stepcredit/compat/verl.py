@@ -70,7 +70,9 @@ def compute_gae_advantage_return(token_level_rewards, values, response_mask, gam
 
     with next(n) the next token where `response_mask` is 1 (observation tokens
     do not advance the recursion), V after the last one 0. Returns R = A + V
-    (before whitening); advantages are `masked_whiten`ed over the mask.
+    (before whitening) on the mask and 0 off it (verl's carry A + V onto
+    observation tokens, which its losses mask out); advantages are
+    `masked_whiten`ed over the mask.
 
     Args:
       token_level_rewards, values, response_mask: `(bs, response_length)`.

@@ -141,7 +141,7 @@ def compute_reinforce_plus_plus_outcome_advantage(token_level_rewards, response_
         G_n = r_n + gamma G_{n+1} mask_{n+1}, whitened over valid tokens.
 
     Returns:
-      `(advantages, returns)`: whitened G and G.
+      `(advantages, returns)`: whitened G and G on the valid tokens, 0 off them.
     """
     rewards, mask = token_rows(token_level_rewards, response_mask,
                                "compute_reinforce_plus_plus_outcome_advantage")
@@ -225,7 +225,10 @@ def build_step_group(anchor_obs, index, enable_similarity=False, similarity_thre
       is accepted and ignored (verl-agent prints a histogram).
     """
     fn = "build_step_group"
-    size = len(anchor_obs)
+    size = len(index)
+    if len(anchor_obs) != size:
+        raise ValueError(f"{fn}: anchor_obs has {len(anchor_obs)} entries but index has {size} "
+                         "rows; one observation per row")
     observations = np.empty(size, dtype=object)  # one observation per row, whatever its shape
     for row, observation in enumerate(anchor_obs):
         observations[row] = observation

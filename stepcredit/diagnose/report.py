@@ -49,7 +49,8 @@ _HEADERS = {"auc": "AUC ↑", "spearman": "Spearman ↑", "sign_agreement": "sig
 
 LEGEND = (
     "**AUC**: the probability that a random oracle-good step gets more credit than a random "
-    "oracle-bad step (0.5 is chance). **Spearman**: the rank correlation between the step "
+    "oracle-bad step, a tie counting one half (0.5 is chance; equal credit for every step "
+    "gives 0.5). **Spearman**: the rank correlation between the step "
     "credit and the Monte Carlo advantage A^pi. **Sign agreement**: among the steps whose "
     "A^pi interval excludes 0, the share whose credit has the same sign as A^pi. "
     "**Blame localisation**: among failed trajectories of two or more steps with exactly one bad "

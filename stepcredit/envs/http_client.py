@@ -531,7 +531,8 @@ class HttpEnv:
 
 
 def close_all(envs: Iterable[HttpEnv], timeout_s: float | None = None) -> None:
-    """Closes many `HttpEnv`s at once; never raises.
+    """Closes many `HttpEnv`s at once; never raises on a server's failure (only on a bad
+    `timeout_s`).
 
     Their `/close` requests run in parallel, as many at a time as each
     server's `max_concurrency` allows, and all within `timeout_s` (default:

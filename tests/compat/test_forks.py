@@ -64,6 +64,8 @@ def test_build_step_group_matches_the_greedy_rule_and_never_crosses_uids():
     assert len(set(verl_agent.build_step_group(vectors, np.array(["u"] * 3, dtype=object)))) == 2
     with pytest.raises(ValueError, match="similarity_thresh"):
         verl_agent.build_step_group(d["texts"], d["index"], True, 1.0)
+    with pytest.raises(ValueError, match="anchor_obs has 3 entries but index has"):
+        verl_agent.build_step_group(d["anchors"][:3], d["index"])
 
 
 def test_verl_agent_step_returns_follow_batch_order(kind):
@@ -269,6 +271,10 @@ def test_step_index_messages():
                   {"traj_uid": d["traj"], "raw_prompt": prompts})
     with pytest.raises(ValueError, match=r"step 0 on two rows \(the step read from raw_prompt"):
         arlarena.compute_EMPG_advantage(batch)
+    batch.non_tensor_batch["raw_prompt"] = np.asarray(["a plain string"] * len(d["step"]), object)
+    with pytest.raises(ValueError, match=r"raw_prompt\[0\] is str 'a plain string'; it must be"):
+        arlarena.compute_EMPG_advantage(batch)
+    batch.non_tensor_batch["raw_prompt"] = prompts
     batch.non_tensor_batch["step_indices"] = d["step"]
     batch.batch["advantages"] = base[:, 0]
     with pytest.raises(ValueError, match=r"advantages has shape \(\d+,\) and response_mask"):

@@ -117,3 +117,10 @@ def test_serve_subcommand_interface(capsys):
     assert serve.run(bad) == 2
     assert serve.run(parser.parse_args(["--env", "nope:Env"])) == 2
     assert "bad --env/--env-kwargs" in capsys.readouterr().err
+    unknown = parser.parse_args(["--env", "webshop", "--env-kwargs", '{"bogus": 1}'])
+    assert serve.run(unknown) == 2  # before it says where it serves, in one line
+    captured = capsys.readouterr()
+    assert not captured.out and captured.err.count("\n") == 1 and "bogus" in captured.err
+    with pytest.raises(SystemExit):
+        parser.parse_args(["--env", "webshop", "--port", "70000"])
+    assert "must be <= 65535, got 70000" in capsys.readouterr().err
