@@ -68,6 +68,17 @@ class DiagnoseConfig:
     vine_rollouts: int = 9
 
     def __post_init__(self):
+        for name in ("envs", "estimators", "seeds"):
+            value, kind = getattr(self, name), int if name == "seeds" else str
+            if not isinstance(value, (tuple, list)) or not all(
+                    isinstance(v, kind) and not isinstance(v, bool) for v in value):
+                raise ValueError(f"diagnose: {name}={value!r}; it must be a tuple of "
+                                 f"{kind.__name__}s")
+        for name in ("tasks", "group_size", "bootstrap", "vine_rollouts", "continuations",
+                     "prm_steps", "examples", "max_steps", "difficulty"):
+            value = getattr(self, name)
+            if value is not None and (not isinstance(value, int) or isinstance(value, bool)):
+                raise ValueError(f"diagnose: {name}={value!r}; it must be an int")
         for name in ("tasks", "group_size", "bootstrap", "vine_rollouts"):
             if getattr(self, name) < 1:
                 raise ValueError(f"diagnose: {name} must be >= 1, got {getattr(self, name)}")

@@ -187,6 +187,12 @@ def test_config_refuses_bad_settings():
         DiagnoseConfig(tasks=0)
     with pytest.raises(ValueError, match="values 'critic'"):
         DiagnoseConfig(values="critic")
+    with pytest.raises(ValueError, match="estimators='gigpo'; it must be a tuple of strs"):
+        DiagnoseConfig(estimators="gigpo")
+    with pytest.raises(ValueError, match="seeds=3; it must be a tuple of ints"):
+        DiagnoseConfig(seeds=3)
+    with pytest.raises(ValueError, match="tasks=2.5; it must be an int"):
+        DiagnoseConfig(tasks=2.5)
 
 
 class _Blind:
