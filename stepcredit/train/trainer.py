@@ -32,7 +32,7 @@ from typing import Callable
 import jax
 import jax.numpy as jnp
 
-from stepcredit.train import asynchronous, information_gain
+from stepcredit.train import asynchronous, information_gain, mappings
 from stepcredit.train.build import build, make_env
 from stepcredit.train.checkpoint import Checkpointer
 from stepcredit.train.collection import Collector
@@ -133,6 +133,7 @@ class Trainer:
     def iteration(self, iteration: int) -> dict[str, float]:
         """Collects one batch and learns from it; returns the iteration's metrics."""
         tick = time.perf_counter()
+        mappings.release_compiled_programs()
         limit = self.step_limit(iteration)
         key, rollout_key = jax.random.split(self.state.key)
         self.state = self.state.replace(key=key)

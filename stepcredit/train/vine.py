@@ -52,6 +52,7 @@ from stepcredit.envs.base import Observation, StepResult, step_info
 from stepcredit.envs.pool import EnvPool
 from stepcredit.keys import stable_key
 from stepcredit.rollout import Rollout, RolloutConfig, collect, history_action
+from stepcredit.train import mappings
 from stepcredit.train.build import Parts, make_env
 
 # Folded into the iteration's rollout key for the continuations' keys ("VINE").
@@ -181,6 +182,7 @@ def continuation_returns(parts: Parts, policy, points: Sequence[BranchPoint], ro
     starts = [p for p in range(len(points)) for _ in range(rollouts)]
     returns, env_steps = np.zeros(len(starts)), 0
     for c, begin in enumerate(range(0, len(starts), MAX_ENVIRONMENTS)):
+        mappings.release_compiled_programs()  # each pool meets shapes of its own
         chunk = starts[begin:begin + MAX_ENVIRONMENTS]
         size = min(MAX_ENVIRONMENTS, 1 << max(3, (len(chunk) - 1).bit_length()))
         envs = ([_Resume(make_env(config, "train", limit), points) for _ in chunk]
