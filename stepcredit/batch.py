@@ -238,6 +238,11 @@ def collate(trajectories: Sequence[Trajectory], *, max_steps: int | None = None,
             x = getattr(trajectory, name)
             if x is not None and not _finite_in(dtype, x):
                 raise ValueError(_not_finite(f"collate: trajectories[{i}]", name, x, dtype))
+        for name in ("group_id", "tree_id"):
+            x = getattr(trajectory, name)
+            if x is not None and not -2**31 <= x < 2**31:
+                raise ValueError(f"collate: trajectories[{i}].{name} is {x}; ids must fit int32 "
+                                 "(stepcredit.keys.dense_ids numbers any ids from 0)")
         length = len(steps)
         if max_steps is not None and length > max_steps:
             if not truncate:

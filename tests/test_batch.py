@@ -103,6 +103,12 @@ def test_malformed_records_are_named(step, message):
         collate([good, Trajectory(steps=[step])])
 
 
+def test_an_id_beyond_int32_is_named():
+    good = Trajectory(steps=[make_step([1], [2])])
+    with pytest.raises(ValueError, match=r"collate: trajectories\[1\]\.group_id is 1099511627776"):
+        collate([good, Trajectory(steps=[make_step([1], [2])], group_id=2**40)])
+
+
 def test_empty_inputs_are_rejected():
     with pytest.raises(ValueError, match="trajectories is empty"):
         collate([])

@@ -103,12 +103,23 @@ def canonical_records(records: list[dict], start: int) -> pa.Table:
             inferred = pa.array([row[name] for row in rows])  # inferred first: no silent truncation
             if not _arrow_type_ok(schema.KIND[name], inferred.type):
                 raise TypeError(inferred.type)
+            if name in FLOAT32_FIELDS:
+                check_float32(inferred, name, start)
+            columns.append(inferred.cast(target))
         except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError, OverflowError) as error:
             _raise_first_bad(records, name, start, error)
-        if name in FLOAT32_FIELDS:
-            check_float32(inferred, name, start)
-        columns.append(inferred.cast(target))
     return pa.Table.from_arrays(columns, schema=schema.ARROW_SCHEMA)
+
+
+def _first_uncastable(column, target) -> int:
+    """The first row of `column` whose value does not fit `target` (0 if each does alone;
+    read as Python values, since a sliced list array still casts all its parent's items)."""
+    for row in range(len(column)):
+        try:
+            pa.array(column.slice(row, 1).to_pylist(), target)
+        except (pa.ArrowInvalid, pa.ArrowTypeError, OverflowError):
+            return row
+    return 0
 
 
 def _raise_first_bad(records: list[dict], name: str, start: int, error: Exception):
@@ -122,6 +133,10 @@ def _raise_first_bad(records: list[dict], name: str, start: int, error: Exceptio
             for number in value if isinstance(value, list) else [value]:
                 if isinstance(number, int) and abs(number) > FLOAT32_MAX:  # too big even for int64
                     raise RecordError(start + offset, name, f"{number:.7g} {_NOT_FINITE}") from None
+        if kind in ("int", "int_list") and value is not None:
+            for number in value if isinstance(value, list) else [value]:
+                if not -2**31 <= number < 2**31:
+                    raise RecordError(start + offset, name, f"holds {number}, outside int32") from None
     raise RecordError(start, name, f"rows {start}..{start + len(records) - 1} do not fit "
                       f"{schema.ARROW_SCHEMA.field(name).type}: {error}") from None
 
@@ -225,8 +240,8 @@ def canonical_table(table: pa.Table, start: int) -> pa.Table:
         try:
             columns.append(column.cast(target))
         except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as error:
-            raise RecordError(start, name, f"cannot be read as {target} in rows {start}.."
-                              f"{start + len(table) - 1}: {error}") from None
+            row = _first_uncastable(column, target)
+            raise RecordError(start + row, name, f"cannot be read as {target}: {error}") from None
     return pa.Table.from_arrays(columns, schema=schema.ARROW_SCHEMA)
 
 

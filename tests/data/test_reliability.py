@@ -47,6 +47,16 @@ def _small_log(tmp_path, name="small.jsonl", scale=1.0, seed=0):
 
 # ------------------------------------------------------------ magnitudes at entry
 
+@pytest.mark.parametrize("ext", ["jsonl", "parquet"])
+def test_an_id_beyond_int32_is_named_by_its_row(tmp_path, ext):
+    rows = [_row(step=0), _row(step=1, response_ids=[3, 3_000_000_000])]
+    path = _write_log(tmp_path / f"ids.{ext}", rows)
+    with pytest.raises(RecordError) as error:
+        validate(path)
+    assert (error.value.row, error.value.field) == (1, "response_ids"), str(error.value)
+    assert "3000000000" in str(error.value)
+
+
 # field values of the second row (the last step), and how the message shows them
 BEYOND_FLOAT32 = {
     "reward 1e39": ({"reward": 1e39}, "reward", "1e+39"),
