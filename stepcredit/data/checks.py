@@ -17,6 +17,8 @@ records from the start of the source) and the field.
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -249,8 +251,8 @@ def check_values(table: pa.Table, start: int) -> None:
     """Checks each row of a canonical table on its own (no other row needed).
 
     Required fields are not null, `step_index >= 0`, `response_ids` is not
-    empty and the per-token lists have its length, and `done` and `truncated`
-    are not both true. (Numbers were checked finite in float32 by
+    empty and the per-token lists have its length, `done` and `truncated`
+    are not both true, and `metadata` holds a JSON object. (Numbers were checked finite in float32 by
     `canonical_records` and `canonical_table`, before their cast.)
 
     Args:
@@ -285,6 +287,17 @@ def check_values(table: pa.Table, start: int) -> None:
     if both.any():
         raise RecordError(start + _first(both), "truncated",
                           "done and truncated are both true; a step ends an episode one way")
+    for row, text in enumerate(table.column("metadata").to_pylist()):
+        if text is not None and not _json_object(text):
+            raise RecordError(start + row, "metadata", f"is {_short(text)}; it must be a JSON "
+                              "object encoded as a string")
+
+
+def _json_object(text: str) -> bool:
+    try:
+        return isinstance(json.loads(text), dict)
+    except ValueError:
+        return False
 
 # ---------------------------------------------------------------- structure
 

@@ -57,6 +57,13 @@ def test_an_id_beyond_int32_is_named_by_its_row(tmp_path, ext):
     assert "3000000000" in str(error.value)
 
 
+@pytest.mark.parametrize("metadata", ["oops", "[1, 2]"])
+def test_metadata_that_is_not_a_json_object_is_named_by_its_row(tmp_path, metadata):
+    rows = [_row(step=0, metadata='{"source": "test"}'), _row(step=1, metadata=metadata)]
+    with pytest.raises(RecordError, match="row 1, field 'metadata': .* must be a JSON object"):
+        validate(_write_log(tmp_path / "meta.jsonl", rows))
+
+
 # field values of the second row (the last step), and how the message shows them
 BEYOND_FLOAT32 = {
     "reward 1e39": ({"reward": 1e39}, "reward", "1e+39"),
