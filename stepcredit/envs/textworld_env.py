@@ -94,6 +94,7 @@ class TextWorldEnv:
         self._state: Any = None
         self._steps = 0
         self._finished = True
+        self._closed = False
 
     def _observation(self, text: str) -> Observation:
         state = self._state
@@ -108,8 +109,17 @@ class TextWorldEnv:
         Returns:
           The first observation: the room description (TextWorld's opening
           banner is left out; the objective is the observation's `task`).
+
+        Raises:
+          ValueError: `task` is neither an index nor an existing file; the game
+            loaded before is kept.
+          RuntimeError: the environment is closed.
         """
+        if self._closed:
+            raise RuntimeError("TextWorldEnv.reset: the environment is closed")
         if isinstance(task, str):
+            if not os.path.isfile(task):
+                raise ValueError(f"task: no such game file {task!r}")
             path = task
         elif isinstance(task, int) and not isinstance(task, bool) and (
                 0 <= task < len(self.game_files)):
@@ -118,14 +128,14 @@ class TextWorldEnv:
             raise ValueError(f"task must be an index in [0, {len(self.game_files)}) or a game "
                              f"file path, got {task!r}")
         if path != self._loaded:
-            if self._env is not None:
-                self._env.close()
             with warnings.catch_warnings():
                 # Jericho cannot track score in TextWorld-made games and says so;
                 # TextWorld tracks it itself from the game's quest data.
                 warnings.filterwarnings("ignore", message=".*is not fully supported")
-                self._env = self._textworld.start(path, request_infos=self._infos)
-            self._loaded = path
+                started = self._textworld.start(path, request_infos=self._infos)
+            if self._env is not None:  # only once the new game started: a failure keeps it
+                self._env.close()
+            self._env, self._loaded = started, path
         self._state = self._env.reset()
         self._steps, self._finished = 0, False
         return self._observation(self._state["description"].strip())
@@ -177,7 +187,8 @@ class TextWorldEnv:
         return list(self._current("walkthrough")["extra.walkthrough"])
 
     def close(self) -> None:
-        """Closes the game interpreter."""
+        """Closes the game interpreter; the environment accepts no further calls."""
+        self._closed = True
         if self._env is not None:
             self._env.close()
             self._env = None

@@ -108,7 +108,13 @@ def test_argument_errors(game_file, tmp_path):
         env.reset(3)
     with pytest.raises(RuntimeError, match="call reset first"):
         env.oracle_actions()
+    first = env.reset(0)
+    with pytest.raises(ValueError, match="task: no such game file"):
+        env.reset(str(tmp_path / "missing.z8"))
+    assert env.reset(0) == first  # the game loaded before is kept
     env.close()
+    with pytest.raises(RuntimeError, match="the environment is closed"):
+        env.reset(0)
 
 
 def test_served_over_http_plays_the_walkthrough_to_a_win(game_file):
