@@ -175,8 +175,9 @@ class _EnvHost:
     """
 
     def __init__(self, factory: EnvFactory, max_envs: int, first_id: int,
-                 idle_timeout_s: float, max_steps: int | None = None):
+                 idle_timeout_s: float, max_steps: int | None = None, id_field: str = "id"):
         self._factory = factory
+        self._id_field = id_field
         self._max_steps = max_steps
         self._max_envs = max_envs
         self._idle_timeout_s = idle_timeout_s
@@ -253,8 +254,11 @@ class _EnvHost:
 
     def _slot(self, idx: Any) -> _Slot:
         """The live instance `idx`, marked as used now."""
+        if idx is None:
+            raise ProtocolError(f"the request names no environment: {self._id_field!r} is missing")
         if isinstance(idx, bool) or not isinstance(idx, int):
-            raise ProtocolError(f"the environment id must be an integer, got {short(idx)}")
+            raise ProtocolError(f"the environment id {self._id_field!r} must be an integer, got "
+                                f"{short(idx)}")
         now = time.monotonic()
         with self._lock:
             slot = self._slots.get(idx)
@@ -434,10 +438,10 @@ def create_app(env_factory: EnvFactory, *, dialect: str = "id", max_envs: int = 
     boot = secrets.token_hex(8)
     # A random first id per start: a client of an earlier start (which may hold
     # any id of that start's run) almost surely names no instance of this one.
-    host = _EnvHost(factory, max_envs, first_id=secrets.randbelow(_ID_SPACE),
-                    idle_timeout_s=idle_timeout_s, max_steps=limit)
-    requests: collections.Counter[str] = collections.Counter()
     id_field = ag.ID_FIELD[dialect]
+    host = _EnvHost(factory, max_envs, first_id=secrets.randbelow(_ID_SPACE),
+                    idle_timeout_s=idle_timeout_s, max_steps=limit, id_field=id_field)
+    requests: collections.Counter[str] = collections.Counter()
     obs_key = "state" if dialect in ("env_idx", "webshop") else "observation"
     loud = dialect in ("webshop", "searchqa")  # errors as HTTP error statuses
     task_fields = tuple(dict.fromkeys((_DIALECT_TASK_FIELD.get(dialect, "task"),

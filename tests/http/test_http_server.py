@@ -55,7 +55,8 @@ def test_truncation_sets_done_for_agentgym_clients(client):
 
 
 @pytest.mark.parametrize("body, message", [
-    ({"action": "inc"}, "must be an integer"),
+    ({"action": "inc"}, "names no environment: 'DIALECT' is missing"),
+    ({"ID": "x", "action": "inc"}, "'DIALECT' must be an integer, got 'x'"),
     ({"ID": 99999, "action": "inc"}, "invalid id 99999"),
     ({"ID": "IDX", "action": 3}, "action must be a string"),
     ({"ID": "IDX", "action": "inc"}, "has not been reset"),
@@ -65,6 +66,7 @@ def test_errors_are_200_json(client, body, message):
     body = {(client.dialect if k == "ID" else k): (idx if v == "IDX" else v)
             for k, v in body.items()}
     response = client.post("/step", json=body)
+    message = message.replace("DIALECT", client.dialect)
     assert response.status_code == 200 and message in response.json()["error"]
     client.post("/close", json={client.dialect: idx})
 
