@@ -35,7 +35,7 @@ import numpy as np
 
 from stepcredit.advantages import registry
 from stepcredit.advantages.inputs import CreditInputs
-from stepcredit.compat._turns import Turns, turn_estimator
+from stepcredit.compat._turns import TURN_INPUTS, Turns, turn_estimator
 
 PREFIX = "stepcredit_"
 
@@ -154,6 +154,12 @@ def turn_learner(estimator: str, hyperparameters: Mapping[str, Any] | None = Non
     from tunix.rl.agentic.trajectory import trajectory_collect_engine
 
     estimate = turn_estimator(estimator, hyperparameters, label=f"turn_learner({estimator!r})")
+    unavailable = sorted(field for field in set(registry.get(estimator).reads.values())
+                         if TURN_INPUTS.get(field) in ("values", "entropys", "rm_scores"))
+    if unavailable:
+        raise ValueError(f"turn_learner: estimator {estimator!r} reads {', '.join(unavailable)}, "
+                         "which tunix's agentic learner does not record (no critic, entropy or "
+                         "PRM); choose one that reads rewards, groups and states only")
 
     class StepRecordingEngine(trajectory_collect_engine.TrajectoryCollectEngine):
         async def collect(self, mode="Conversation"):

@@ -109,6 +109,13 @@ class GuessDigit(base_environment.BaseTaskEnv):
                                               reward=1.0 if correct else 0.1 * room, done=correct, info={})
 
 
+@pytest.mark.parametrize("estimator, reads", [("step_gae", "step_values"), ("empg", "entropy"),
+                                               ("istar", "implicit_step_rewards")])
+def test_turn_learner_refuses_an_estimator_whose_inputs_it_does_not_record(estimator, reads):
+    with pytest.raises(ValueError, match=f"turn_learner: estimator '{estimator}' reads .*{reads}"):
+        compat.turn_learner(estimator)
+
+
 def test_turn_learner_trains_qwen2_with_gigpo_turn_advantages():
     compat.register()
     captured = []
