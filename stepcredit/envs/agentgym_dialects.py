@@ -112,3 +112,12 @@ def searchqa_action(text: str) -> tuple[str, str] | None:
         return None
     tag, content = match.group(1), " ".join(match.group(2).split())
     return tag, f"{_SIMULATOR_VERB[tag]}[{content}]"
+
+
+def searchqa_tagged(action: str) -> str:
+    """The inverse of `searchqa_action`: a simulator action `verb[x]` as SearchQA's
+    `<tag> x </tag>` (an action of another form as it is)."""
+    for tag, verb in _SIMULATOR_VERB.items():
+        if action.startswith(f"{verb}[") and action.endswith("]"):
+            return f"<{tag}> {action[len(verb) + 1:-1]} </{tag}>"
+    return action

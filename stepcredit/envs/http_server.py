@@ -588,6 +588,8 @@ def create_app(env_factory: EnvFactory, *, dialect: str = "id", max_envs: int = 
         obs = host.observation(body.get(id_field))
         if dialect == "webshop":
             return ag.webshop_available_actions(obs.admissible_actions)
+        if dialect == "searchqa":  # in the tags its /step reads
+            return [ag.searchqa_tagged(action) for action in actions_of(obs) or []]
         return actions_of(obs) if native else actions_of(obs) or []
 
     def do_close(body: dict) -> Any:

@@ -327,6 +327,19 @@ def test_searchqa_client_sees_its_question_and_answers(searchqa_url):
     local.close()
 
 
+def test_searchqa_lists_its_actions_in_the_tags_its_step_reads(searchqa_url):
+    client = SearchQAClient(searchqa_url)
+    client.reset(0)
+    listed = httpx.get(f"{searchqa_url}/available_actions?env_idx={client.env_id}",
+                       timeout=TIMEOUT).json()
+    searches = [action for action in listed if action.startswith("<search> ")]
+    assert searches and all(a.endswith(" </search>") or a.endswith(" </answer>")
+                            or a.endswith(" </lookup>") for a in listed)
+    text, _, _ = client.step(searches[0])
+    assert text.startswith("<information>")  # not the invalid-action answer
+    assert ag.searchqa_action(ag.searchqa_tagged("finish[Yes]")) == ("answer", "finish[Yes]")
+
+
 def test_searchqa_invalid_and_wrong_answers(searchqa_url):
     client = SearchQAClient(searchqa_url)
     client.reset(0)
