@@ -14,11 +14,29 @@ import numpy as np
 import pyarrow as pa
 
 from stepcredit.data import schema
-from stepcredit.data.checks import RecordError
+from stepcredit.data.checks import RecordError, canonical_records, check_trajectories, check_values
 from stepcredit.data.read import BATCH_ROWS
 from stepcredit.data.stream import iter_batches
 from stepcredit.data.write import RowWriter, atomic_path, output_format
 from stepcredit.keys import stable_key
+
+
+def _checked_rows(trajectory, trajectory_id: str, i: int) -> list[dict]:
+    """The trajectory's rows, checked as `load_trajectories` will read them back: a bad
+    value is named by its step before anything of it is written."""
+    try:
+        rows = _trajectory_rows(trajectory, trajectory_id)
+    except TypeError as error:  # an info value json cannot write
+        raise ValueError(f"save_trajectories: trajectories[{i}]: {error}") from None
+    try:
+        table = canonical_records(rows, 0)
+        check_values(table, 0)
+        check_trajectories(table, np.asarray([0, len(rows)]), 0)
+    except RecordError as error:
+        message = str(error).split(": ", 1)[1]
+        raise ValueError(f"save_trajectories: trajectories[{i}].steps[{error.row}], field "
+                         f"{error.field!r}: {message}") from None
+    return rows
 
 
 def _trajectory_rows(trajectory, trajectory_id: str) -> list[dict]:
@@ -92,7 +110,7 @@ def save_trajectories(trajectories: Sequence, path: str, *, trajectory_ids: Sequ
             for i, (trajectory, name) in enumerate(zip(trajectories, trajectory_ids)):
                 if not trajectory.steps:
                     raise ValueError(f"save_trajectories: trajectories[{i}] has no steps")
-                rows.extend(_trajectory_rows(trajectory, str(name)))
+                rows.extend(_checked_rows(trajectory, str(name), i))
                 if len(rows) >= batch_rows:
                     writer.write_table(pa.Table.from_pylist(rows, schema=schema.ARROW_SCHEMA))
                     written, rows = written + len(rows), []

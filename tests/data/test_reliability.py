@@ -315,3 +315,22 @@ def test_cli_allow_empty(tmp_path, capsys):
         credit_cli.run(parser.parse_args(base))
     assert credit_cli.run(parser.parse_args(base + ["--allow-empty"])) == 0
     assert os.path.exists(output) and "0 steps" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("ext", ["jsonl", "parquet"])
+def test_save_trajectories_names_a_bad_step_and_writes_nothing(tmp_path, ext):
+    good = StepRecord([1], [2], [-0.1], 0.0)
+    cases = [
+        ([Trajectory(steps=[good, StepRecord([1], [2], [-0.1], float("nan"), done=True)])],
+         r"trajectories\[0\]\.steps\[1\], field 'reward': nan is not finite"),
+        ([Trajectory(steps=[good]), Trajectory(steps=[StepRecord([1], [2], [-0.1], 0.0, done=True),
+                                                      good])],
+         r"trajectories\[1\]\.steps\[0\], field 'done': is true on step 0"),
+        ([Trajectory(steps=[StepRecord([1], [2], [-0.1], 0.0, info={"x": np.zeros(2)})])],
+         r"trajectories\[0\]: Object of type ndarray is not JSON serializable"),
+    ]
+    path = tmp_path / f"saved.{ext}"
+    for trajectories, message in cases:
+        with pytest.raises(ValueError, match=message):
+            save_trajectories(trajectories, str(path))
+        assert not path.exists()
