@@ -129,7 +129,7 @@ def _raise_first_bad(records: list[dict], name: str, start: int, error: Exceptio
     for offset, record in enumerate(records):
         value = record.get(name)
         if value is not None and not _value_ok(kind, value):
-            raise RecordError(start + offset, name, f"has {type(value).__name__} {_short(value)}; "
+            raise RecordError(start + offset, name, f"has {type(value).__name__} {short_value(value)}; "
                               f"it must be {_EXPECTED[kind]}") from None
         if kind in ("float", "float_list") and value is not None:
             for number in value if isinstance(value, list) else [value]:
@@ -143,7 +143,8 @@ def _raise_first_bad(records: list[dict], name: str, start: int, error: Exceptio
                       f"{schema.ARROW_SCHEMA.field(name).type}: {error}") from None
 
 
-def _short(value) -> str:
+def short_value(value) -> str:
+    """`repr(value)`, cut to 60 characters for an error message."""
     text = repr(value)
     return text if len(text) <= 60 else text[:57] + "..."
 
@@ -289,7 +290,7 @@ def check_values(table: pa.Table, start: int) -> None:
                           "done and truncated are both true; a step ends an episode one way")
     for row, text in enumerate(table.column("metadata").to_pylist()):
         if text is not None and not _json_object(text):
-            raise RecordError(start + row, "metadata", f"is {_short(text)}; it must be a JSON "
+            raise RecordError(start + row, "metadata", f"is {short_value(text)}; it must be a JSON "
                               "object encoded as a string")
 
 

@@ -49,6 +49,7 @@ result for any batch size.
 
 from __future__ import annotations
 
+import json
 import os
 import tempfile
 from typing import Any, Mapping, NamedTuple
@@ -59,7 +60,7 @@ import pyarrow.compute as pc
 
 from stepcredit.advantages.inputs import CreditInputs, raw_fields
 from stepcredit.data import schema
-from stepcredit.data.checks import FLOAT32_MAX, RecordError, canonical_records
+from stepcredit.data.checks import FLOAT32_MAX, RecordError, canonical_records, short_value
 from stepcredit.data.read import BATCH_ROWS, is_jsonl, read_arrow, read_jsonl, source_rows
 from stepcredit.data.stream import LogBatch, iter_batches
 from stepcredit.data.write import RowWriter, atomic_path, output_format
@@ -444,6 +445,7 @@ def compute_credit(source, output: str, estimator: str, *, overrides: Mapping[st
                 if rows == 0 and fmt == "parquet":
                     writer.write_table(_empty_table(source, columns, plan.token_output))
                 bar = tqdm(total=rows, unit="rows", desc="write", delay=1.0, disable=not progress)
+                written = 0
                 for raw, lengths in _raw_batches(source, batch_rows):
                     count = int(lengths.sum()) if plan.token_output else len(lengths)
                     new = {columns[0]: np.fromfile(advantage_file, np.float32, count)}
@@ -452,7 +454,8 @@ def compute_credit(source, output: str, estimator: str, *, overrides: Mapping[st
                     if has_returns:
                         new[columns[1]] = np.fromfile(return_file, np.float32, count)
                     _write(writer, fmt, raw, new, lengths if plan.token_output else None,
-                           tuple(first_row), extra_types)
+                           tuple(first_row), extra_types, written)
+                    written += len(lengths)
                     bar.update(len(lengths))
                 bar.close()
             finally:
@@ -527,7 +530,8 @@ def _note_columns(first_row: dict[str, int], extra_types: dict[str, pa.DataType]
 
 
 def _write(writer: RowWriter, fmt: str, raw, new: dict[str, np.ndarray], lengths,
-           input_columns: tuple[str, ...], extra_types: Mapping[str, pa.DataType]) -> None:
+           input_columns: tuple[str, ...], extra_types: Mapping[str, pa.DataType],
+           start: int) -> None:
     """Writes a batch of input rows as read, with the new columns beside them. JSONL records
     become a table over every column of the input (null where a record lacks one), each in
     one type, so that all batches of a Parquet output share one schema."""
@@ -539,8 +543,11 @@ def _write(writer: RowWriter, fmt: str, raw, new: dict[str, np.ndarray], lengths
     if fmt == "jsonl":
         if isinstance(raw, list):
             lists = {k: a.to_pylist() for k, a in arrays.items()}
-            writer.write_records([{**record, **{k: lists[k][i] for k in lists}}
-                                  for i, record in enumerate(raw)])
+            records = [{**record, **{k: lists[k][i] for k in lists}} for i, record in enumerate(raw)]
+            try:
+                writer.write_records(records)
+            except ValueError:  # NaN or infinity, which JSON cannot hold
+                _raise_not_json(records, start)
             return
         table = raw
     else:
@@ -549,6 +556,18 @@ def _write(writer: RowWriter, fmt: str, raw, new: dict[str, np.ndarray], lengths
     for name, array in arrays.items():
         table = table.append_column(name, array)
     writer.write_table(table)
+
+
+def _raise_not_json(records: list[dict], start: int):
+    """Names the first value of `records` (rows from `start`) that JSON cannot hold."""
+    for offset, record in enumerate(records):
+        for name, value in record.items():
+            try:
+                json.dumps(value, allow_nan=False)
+            except ValueError:
+                raise RecordError(start + offset, name, f"holds {short_value(value)}, which a JSONL "
+                                  "output cannot hold (NaN or infinity); write .parquet") from None
+    raise AssertionError("write_records refused rows that each serialise")
 
 
 def _records_table(records: list[dict], names: tuple[str, ...],
