@@ -192,6 +192,9 @@ def compute_reinforce_plus_plus_outcome_advantage(token_level_rewards, response_
       Hu, arXiv 2501.03262; verl pull request 7300 (the carry rule).
     """
     fn = "compute_reinforce_plus_plus_outcome_advantage"
+    if observation_spans not in (None, "carry", "reset"):
+        raise ValueError(f"{fn}: observation_spans={observation_spans!r}; it must be None, "
+                         "'carry' or 'reset'")
     gamma = setting(config, "gamma")
     if gamma is None:
         raise ValueError(f"{fn}: config has no gamma; pass verl's AlgoConfig (or {{'gamma': ...}})")

@@ -104,6 +104,9 @@ def test_reinforce_pp_follows_the_installed_verl_rule():
     assert np.abs(carried - reset).max() > 0.1  # multi-turn rows: the two rules differ
     with pytest.raises(ValueError, match="config has no gamma"):
         compat.compute_reinforce_plus_plus_outcome_advantage(d["rewards"], d["mask"])
+    with pytest.raises(ValueError, match="observation_spans='foo'; it must be None, 'carry'"):
+        compat.compute_reinforce_plus_plus_outcome_advantage(d["rewards"], d["mask"], config,
+                                                             observation_spans="foo")
 
 
 @pytest.mark.parametrize("version,rule", [("0.9.1", "carry"), ("0.9rc1", "carry"), ("0.10.dev0", "carry"),
