@@ -10,7 +10,8 @@ seeds,
 its interval lies wholly above every other method's. Beside them, from the
 sweep's diagnosis (`<out>/diagnose/`), the method's estimator graded against
 the simulator's ground truth: AUC and blame localisation with their bootstrap
-intervals. Then the published success of the same method in other papers
+intervals (none for a method that sets its own hyperparameters, `set`: the
+diagnosis grades each estimator at its defaults). Then the published success of the same method in other papers
 (`stepcredit.study.published`), in separate columns: other models and real
 environments, so only orderings compare.
 """
@@ -130,13 +131,16 @@ def build_table(out: str) -> dict[str, Any]:
                         and by_run.get(run.run_id, {}).get("status") == DONE]
                 evals = [r["eval"][split] for r in done if split in r["eval"]]
                 estimator = table["estimator"]
+                # The diagnosis grades each estimator at its defaults: a method that sets its
+                # own hyperparameters is another credit, which it did not grade.
+                graded = not table.get("set")
                 rows.append({
                     "method": method, "estimator": estimator,
                     "success": summarize([e["success"] for e in evals]) if evals else None,
                     "score": summarize([e["score"] for e in evals]) if evals else None,
                     "diagnosis": {m: diagnosis[(simulator, estimator, m)]
                                   for m in DIAGNOSIS_METRICS
-                                  if (simulator, estimator, m) in diagnosis},
+                                  if graded and (simulator, estimator, m) in diagnosis},
                     "published": published(table.get("published"), simulator, split)})
             best = separated_best({r["method"]: r["success"] for r in rows if r["success"]})
             for row in rows:
