@@ -245,6 +245,23 @@ def test_claim_output_refuses_another_studys_directory(tmp_path):
                            str(tmp_path))
 
 
+def test_amend_keeps_a_finished_run_tested_on_its_environments_default_split(tmp_path):
+    from stepcredit.study.worker import run_config
+
+    out = str(tmp_path / "out")
+    study = _study(STUDY.replace('eval_splits = ["seen", "unseen"]\n', ""))
+    sweep.claim_output(study, out)
+    run = study.run("alfworld-GRPO-s0")
+    config = run_config(run, os.path.abspath(out))
+    os.makedirs(os.path.join(records.run_dir(out, run.run_id), "checkpoints"))
+    records.write_record(out, {"run": run.run_id, "status": records.DONE,
+                               "config": config.to_json(), "eval_tasks": run.eval_tasks,
+                               "eval": {"seen": {"success": 0.5}}})  # ALFWorld's held-out split
+    edited = _study(study.source.replace("tasks = 2", "tasks = 1"))  # the diagnosis only
+    assert sweep.claim_output(edited, out, amend=True) == ()
+    assert records.read_record(out, run.run_id)["status"] == records.DONE
+
+
 def test_amend_keeps_the_runs_an_edit_leaves_alone_and_moves_the_others_aside(tmp_path):
     from stepcredit.study.worker import DIAGNOSIS, run_config
 

@@ -152,7 +152,7 @@ def supersede_changed(study: Study, out: str, old_fingerprint: str) -> tuple[str
     A job with neither record nor configuration written yet is left to start over.
     """
     from stepcredit.study.spec import load_study
-    from stepcredit.study.worker import run_config
+    from stepcredit.study.worker import evaluated_splits, run_config
     from stepcredit.train.config import RESUMABLE_CHANGES, TrainConfig
 
     def what_goes(job_id: str) -> tuple[str, ...]:
@@ -173,14 +173,14 @@ def supersede_changed(study: Study, out: str, old_fingerprint: str) -> tuple[str
                 text = f.read()
         else:
             return ()
-        differences = TrainConfig.from_json(text).differences(
-            run_config(run, os.path.abspath(out)), ignore=("logdir",))
+        config = run_config(run, os.path.abspath(out))
+        differences = TrainConfig.from_json(text).differences(config, ignore=("logdir",))
         if any(d.split(":")[0] not in RESUMABLE_CHANGES for d in differences):
             return everything
         if record.get("status") != DONE:
             return ()
         if (record.get("eval_tasks") != run.eval_tasks
-                or sorted(record.get("eval", {})) != sorted(run.eval_splits or ("test",))):
+                or sorted(record.get("eval", {})) != sorted(evaluated_splits(run, config))):
             return everything
         return everything[:1] if differences else ()
 

@@ -37,12 +37,26 @@ def run_config(run: Run, out: str):
     return with_fitted_prompt_budget(config) if run.fit_prompt_budget else config
 
 
+def evaluated_splits(run: Run, config) -> tuple[str, ...]:
+    """The splits `run` is tested on: the study's `eval_splits`, else the environment's
+    held-out split (`stepcredit.train.evaluate.test_split`: "seen" on ALFWorld)."""
+    if run.eval_splits:
+        return tuple(run.eval_splits)
+    from stepcredit.train.build import make_env
+    from stepcredit.train.evaluate import test_split
+
+    probe = make_env(config, "train")
+    try:
+        return (test_split(probe),)
+    finally:
+        probe.close()
+
+
 def train_run(run: Run, out: str, *, log=print) -> dict:
     """Trains `run` in `<out>/runs/<run_id>/` (resuming its checkpoint) and returns its
     "done" record: final evaluation per split, last training batch, and the wall time of
     this invocation (a resumed run's earlier time is not in it)."""
-    from stepcredit.train.build import make_env
-    from stepcredit.train.evaluate import evaluate, test_split
+    from stepcredit.train.evaluate import evaluate
     from stepcredit.train.metrics import read_metrics
     from stepcredit.train.trainer import Trainer
 
@@ -56,15 +70,10 @@ def train_run(run: Run, out: str, *, log=print) -> dict:
               and os.path.isdir(checkpoints) and bool(os.listdir(checkpoints)))
     trainer = Trainer(config, log=log)
     trainer.run(resume=resume, overwrite=not resume)
-    splits = run.eval_splits
-    if not splits:
-        probe = make_env(config, "train")
-        splits = (test_split(probe),)
-        probe.close()
     final = {split: evaluate(trainer.graphdef, trainer.state.policy, trainer.tokenizer, config,
                              num_tasks=run.eval_tasks, temperature=config.eval_temperature,
                              split=split)
-             for split in splits}
+             for split in evaluated_splits(run, config)}
     metrics = [m for m in read_metrics(logdir) if m["iteration"] >= 0]
     last = metrics[-1] if metrics else {}
     return {"run": run.run_id, "status": DONE, "env": run.env, "method": run.method,
