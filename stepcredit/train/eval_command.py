@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 
 HELP = "evaluate a trained checkpoint on a fixed panel of test tasks"
@@ -25,8 +26,13 @@ def run(args: argparse.Namespace) -> int:
     if not os.path.exists(config_path):
         raise ValueError(f"--checkpoint: {config_path} not found; it takes the run "
                          f"directory that `stepcredit train --logdir` wrote")
+    checkpoints = os.path.join(args.checkpoint, "checkpoints")
+    if not os.path.isdir(checkpoints) or not os.listdir(checkpoints):
+        raise ValueError(f"--checkpoint: {checkpoints} holds no checkpoint; the run saved none "
+                         "(yet), so there is no trained policy to evaluate")
     with open(config_path, encoding="utf-8") as f:
-        config = TrainConfig.from_json(f.read())
+        # The run is read where it lies now, wherever it was trained (config.json keeps that).
+        config = dataclasses.replace(TrainConfig.from_json(f.read()), logdir=args.checkpoint)
     trainer = Trainer(config)
     iteration = trainer.restore()
     results = evaluate(trainer.graphdef, trainer.state.policy, trainer.tokenizer, config,

@@ -10,6 +10,7 @@ devices of the test session.
 import dataclasses
 import math
 import os
+import shutil
 
 import jax
 import numpy as np
@@ -126,7 +127,7 @@ def test_the_default_policy_is_small_but_not_tiny(env):
     assert 1_000_000 <= count_params(TransformerPolicy(config, rngs=nnx.Rngs(0))) <= 5_000_000
 
 
-def test_evaluation_plays_a_fixed_panel_in_the_loop_and_from_a_checkpoint(tmp_path):
+def test_evaluation_plays_a_fixed_panel_in_the_loop_and_from_a_checkpoint(tmp_path, capsys):
     rows = train(tmp_path, "alfworld", "grpo", "--eval-every", "1", "--eval-tasks", "3")
     # The policy before RL (iteration -1) and after each iteration, on the same panel.
     assert [r["iteration"] for r in rows] == [-1, 0]
@@ -136,6 +137,14 @@ def test_evaluation_plays_a_fixed_panel_in_the_loop_and_from_a_checkpoint(tmp_pa
                       trainer.config, num_tasks=3, temperature=t) for t in (0.0, 0.0, 1.0, 1.0)]
     assert again[0] == again[1] and again[2] == again[3]
     assert {k: rows[-1][f"eval/{k}"] for k in again[0]} == again[0]
+    # A run evaluated where it lies now, not where config.json says it was trained.
+    moved = tmp_path.parent / f"{tmp_path.name}-moved"
+    shutil.move(str(tmp_path), str(moved))
+    capsys.readouterr()
+    assert main(["eval", "--checkpoint", str(moved), "--tasks", "3"]) == 0
+    printed = capsys.readouterr().out
+    assert "iteration 1)" in printed and f"{again[0]['success']:.3f}" in printed
+    assert not tmp_path.exists()
 
 
 def test_target_kl_stops_the_epochs_early(tmp_path):
@@ -153,6 +162,9 @@ def test_target_kl_stops_the_epochs_early(tmp_path):
 def test_eval_command_names_a_missing_checkpoint(tmp_path, capsys):
     assert main(["eval", "--checkpoint", str(tmp_path / "missing")]) == 2
     assert "config.json not found" in capsys.readouterr().err
+    (tmp_path / "config.json").write_text(TrainConfig(env="alfworld").to_json())
+    assert main(["eval", "--checkpoint", str(tmp_path)]) == 2
+    assert "checkpoints holds no checkpoint" in capsys.readouterr().err
 
 
 def test_horizon_curriculum_switches_step_limits(tmp_path):
