@@ -63,7 +63,8 @@ class Collector:
         if self.trees is not None:
             return collect_trees(self.parts.graphdef, policy,
                                  lambda: make_env(config, "train", limit), tasks, self.trees,
-                                 self.parts.tokenizer, key, config.rollout)
+                                 self.parts.tokenizer, key, config.rollout,
+                                 share_prompts=config.share_contexts)
         envs = [make_env(config, "train", limit) for _ in range(len(tasks) * config.group_size)]
         with EnvPool(envs) as pool:
             rollout = collect(self.parts.graphdef, policy, pool, tasks, config.group_size,

@@ -38,7 +38,8 @@ def evaluate(graphdef, state, tokenizer, config: TrainConfig, *, num_tasks: int,
     envs = [make_env(config, split) for _ in range(num_tasks)]
     with EnvPool(envs) as pool:
         rollout = collect(graphdef, state, pool, list(range(num_tasks)), 1, tokenizer,
-                          jax.random.key(seed), rollout_config)
+                          jax.random.key(seed), rollout_config,
+                          share_prompts=config.share_contexts)
     results: dict[str, float] = {
         "success": rollout.metrics["rollout/success"], "score": rollout.metrics["rollout/score"],
         "steps_per_episode": rollout.metrics["rollout/steps_per_episode"],

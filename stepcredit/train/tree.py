@@ -229,7 +229,7 @@ def prompt_history(config: RolloutConfig, start: Start) -> list[tuple[str, Any]]
 
 def _play(graphdef, state, make_env: Callable[[], Env], tasks: Sequence[int],
           starts: Sequence[Start | None], tokenizer, key: jax.Array,
-          config: RolloutConfig) -> tuple[Rollout, list[Leaf]]:
+          config: RolloutConfig, share_prompts: bool) -> tuple[Rollout, list[Leaf]]:
     """One batched `collect` of episodes on `tasks[i]`, from `starts[i]` where given."""
     envs = []
     try:
@@ -244,7 +244,7 @@ def _play(graphdef, state, make_env: Callable[[], Env], tasks: Sequence[int],
     history = [[] if start is None else prompt_history(config, start) for start in starts]
     with EnvPool(envs) as pool:
         rollout = collect(graphdef, state, pool, list(tasks), 1, tokenizer, key, config,
-                          history=history)
+                          history=history, share_prompts=share_prompts)
     return rollout, [joined_leaf(env, start, played)
                      for env, start, played in zip(envs, starts, rollout.trajectories)]
 
@@ -263,7 +263,7 @@ def joined_leaf(env: Recording, start: Start | None, played: Trajectory) -> Leaf
 
 def collect_trees(graphdef, state, make_env: Callable[[], Env], tasks: Sequence[int],
                   shape: TreeShape, tokenizer, key: jax.Array,
-                  config: RolloutConfig) -> Rollout:
+                  config: RolloutConfig, share_prompts: bool = True) -> Rollout:
     """Plays each task's forest of M trees (module docstring), every round batched.
 
     Args:
@@ -271,7 +271,7 @@ def collect_trees(graphdef, state, make_env: Callable[[], Env], tasks: Sequence[
       make_env: makes one environment with snapshots (the run's, at its step limit).
       tasks: one task per group.
       shape: the forest's `TreeShape`.
-      tokenizer, config: as for `collect`.
+      tokenizer, config, share_prompts: as for `collect`.
       key: PRNG key; the root chains, each round's sampling and the node
         choices use keys split from it.
 
@@ -292,7 +292,7 @@ def collect_trees(graphdef, state, make_env: Callable[[], Env], tasks: Sequence[
     rng = np.random.default_rng(np.asarray(jax.random.key_data(keys[-1])).ravel().tolist())
     root_tasks = [task for task in tasks for _ in range(m)]
     rollout, leaves = _play(graphdef, state, make_env, root_tasks, [None] * len(root_tasks),
-                            tokenizer, keys[0], config)
+                            tokenizer, keys[0], config, share_prompts)
     forest = [[leaf] for leaf in leaves]  # tree g * M + m
     rounds, played = [rollout], sum(len(t.steps) for t in rollout.trajectories)
     for r in range(shape.rounds):
@@ -308,7 +308,7 @@ def collect_trees(graphdef, state, make_env: Callable[[], Env], tasks: Sequence[
                                                                      node[1]))
                 owners.append(tree)
         rollout, leaves = _play(graphdef, state, make_env, [root_tasks[t] for t in owners],
-                                starts, tokenizer, keys[r + 1], config)
+                                starts, tokenizer, keys[r + 1], config, share_prompts)
         for tree, leaf in zip(owners, leaves):
             forest[tree].append(leaf)
         rounds.append(rollout)

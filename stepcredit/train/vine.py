@@ -191,7 +191,7 @@ def continuation_returns(parts: Parts, policy, points: Sequence[BranchPoint], ro
         with EnvPool(envs) as pool:
             played = collect(parts.graphdef, policy, pool, chunk + [0] * (size - len(chunk)), 1,
                              parts.tokenizer, jax.random.fold_in(key, c), rollout_config,
-                             history=history)
+                             history=history, share_prompts=config.share_contexts)
         real = played.trajectories[:len(chunk)]
         returns[begin:begin + len(chunk)] = [t.score for t in real]
         env_steps += sum(len(t.steps) for t in real)

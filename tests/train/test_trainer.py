@@ -481,3 +481,23 @@ def test_an_iteration_sharing_contexts_equals_one_running_every_row(tmp_path):
                                    atol=1e-6, err_msg=name)
     for a, b in zip(jax.tree.leaves(shared.state.policy), jax.tree.leaves(alone.state.policy)):
         np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-4, atol=1e-6)
+
+
+def test_evaluation_shares_prompts_as_the_run_does(monkeypatch):
+    from stepcredit.train import evaluate as evaluate_module
+
+    class Played(Exception):
+        pass
+
+    shared = []
+
+    def collect(*args, share_prompts, **kwargs):
+        shared.append(share_prompts)
+        raise Played
+
+    monkeypatch.setattr(evaluate_module, "collect", collect)
+    for share in (True, False):
+        with pytest.raises(Played):
+            evaluate(None, None, None, TrainConfig(env="alfworld", share_contexts=share),
+                     num_tasks=1)
+    assert shared == [True, False]
