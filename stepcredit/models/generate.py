@@ -16,7 +16,8 @@ special ids are traced, so changing them does not recompile.
 Token exactness: the returned ids are the ids that were sampled, with the
 log-probs and entropies of the distribution they were sampled from. Scoring the
 row `prompt + tokens[:length]` with `score_rows(..., temperature=T)` gives the
-same log-probs and entropies (up to float rounding), and its value at the first
+same log-probs and entropies (up to float rounding; greedy rows, T <= 0, carry the
+log-probs of temperature 1 and are scored at 1), and its value at the first
 action token equals `values` here: the trainer never re-tokenizes decoded text.
 """
 

@@ -76,7 +76,7 @@ class TrainConfig:
       logdir: metrics, TensorBoard events and checkpoints go here.
       time_limit_minutes: stop after the iteration that crosses this wall time
         (counted from the start of the run, warm start included), then
-        evaluate and checkpoint; None: no limit.
+        checkpoint (and evaluate, with eval_every set); None: no limit.
       async_mode, max_staleness: AReaL's asynchronous rollouts with the
         decoupled PPO loss and at most `max_staleness` policy versions of lag
         (arXiv 2505.24298): a background worker plays episodes with the latest

@@ -70,7 +70,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="with --async, the most policy versions a batch may lag")
     parser.add_argument("--time-limit", type=float, default=None, metavar="MINUTES",
                         help="stop after this much wall time (warm start included), then "
-                             "evaluate and checkpoint (default: no limit)")
+                             "checkpoint (and evaluate, with --eval-every) (default: no limit)")
     parser.add_argument("--tree-count", type=int, default=0, metavar="M",
                         help="rollout trees per task for tree estimators (tree_grpo; 0: "
                              "max(1, group size // 4))")

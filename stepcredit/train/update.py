@@ -36,7 +36,8 @@ class LossConfig:
         per-token ratios; its clip range is step_clip_low / step_clip_high.
       decoupled: AReaL's decoupled PPO (stale rollouts), capping the
         behaviour weight at behav_weight_cap.
-      value_coef: weight of the critic loss (0: no critic).
+      value_coef: weight of the critic loss (0: no critic; the trainer sets
+        `build.DEFAULT_VALUE_COEF` for an estimator with a critic when it is 0).
       value_clip: PPO value clipping, or None.
       kl_coef, kl_kind: KL penalty to the reference policy (0: none).
       entropy_coef: entropy bonus weight.
