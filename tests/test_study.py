@@ -97,6 +97,22 @@ def test_a_bad_study_is_refused_naming_the_table(change, message):
         _study(STUDY.replace(*change))
 
 
+def test_two_runs_of_one_name_are_refused():
+    clashing = """
+name = "clash"
+seeds = [0]
+[envs.hotpotqa]
+[envs.hotpotqa-GRPO]
+env = "alfworld"
+[methods.GRPO-s0]
+estimator = "grpo"
+[methods.s0]
+estimator = "grpo"
+"""
+    with pytest.raises(ValueError, match="two runs would be named 'hotpotqa-GRPO-s0-s0'"):
+        _study(clashing)
+
+
 def test_a_study_file_that_is_not_toml_is_refused(tmp_path):
     with pytest.raises(ValueError, match="not valid TOML"):
         _study("name = ", tmp_path)

@@ -254,7 +254,11 @@ def parse_study(raw: Mapping[str, Any], *, source: str = "", where: str = "study
     study = Study(name=name, description=raw.get("description", ""), seeds=tuple(seeds),
                   train=train, envs=envs, methods=methods, diagnose=diagnose, source=source,
                   prompt_budget_set="max_prompt_tokens" in train_raw.get("rollout", {}))
-    study.runs()  # every override applied and checked before a run starts
+    ids = [run.run_id for run in study.runs()]  # every override applied and checked now
+    twice = sorted({run_id for run_id in ids if ids.count(run_id) > 1})
+    if twice:
+        raise ValueError(f"{where}: two runs would be named {twice[0]!r} (ENV-METHOD-sSEED); "
+                         "rename an environment or a method")
     study.diagnosis()
     return study
 
