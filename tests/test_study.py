@@ -338,13 +338,15 @@ def test_reuse_copies_only_finished_runs_of_the_same_configuration(tmp_path):
     study = _study()
     source, out = str(tmp_path / "source"), str(tmp_path / "out")
 
-    def finished(run_id, status=records.DONE, **change):
+    def finished(run_id, status=records.DONE, eval_tasks=None, **change):
         config = dataclasses.replace(run_config(study.run(run_id), os.path.abspath(source)),
                                      **change)
         saved = json.loads(config.to_json())
         del saved["share_contexts"]  # a record written before the option existed
         records.write_record(source, {"run": run_id, "status": status,
-                                      "config": json.dumps(saved)})
+                                      "config": json.dumps(saved),
+                                      "eval_tasks": eval_tasks or study.run(run_id).eval_tasks,
+                                      "eval": {"test": {"success": 0.5}}})
         os.makedirs(os.path.join(records.run_dir(source, run_id), "checkpoints"))
         with open(os.path.join(records.run_dir(source, run_id), "metrics.jsonl"), "w") as f:
             f.write('{"iteration": 0}\n')
@@ -356,6 +358,7 @@ def test_reuse_copies_only_finished_runs_of_the_same_configuration(tmp_path):
     os.makedirs(records.run_dir(out, "hotpotqa-StepPO-s0"))  # interrupted here: resumed
     finished("hotpotqa-StepPO-s1")
     shutil.rmtree(records.run_dir(source, "hotpotqa-StepPO-s1"))  # its record alone
+    finished("hotpotqa-StepPO-s2", eval_tasks=3)  # trained the same, tested on fewer tasks
 
     assert sweep.reuse_runs(study, out, source) == ("hotpotqa-GRPO-s0", "hotpotqa-StepPO-s1")
     copied = records.read_record(out, "hotpotqa-GRPO-s0")

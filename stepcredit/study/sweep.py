@@ -152,7 +152,7 @@ def supersede_changed(study: Study, out: str, old_fingerprint: str) -> tuple[str
     A job with neither record nor configuration written yet is left to start over.
     """
     from stepcredit.study.spec import load_study
-    from stepcredit.study.worker import evaluated_splits, run_config
+    from stepcredit.study.worker import run_config
     from stepcredit.train.config import RESUMABLE_CHANGES, TrainConfig
 
     def what_goes(job_id: str) -> tuple[str, ...]:
@@ -179,8 +179,7 @@ def supersede_changed(study: Study, out: str, old_fingerprint: str) -> tuple[str
             return everything
         if record.get("status") != DONE:
             return ()
-        if (record.get("eval_tasks") != run.eval_tasks
-                or sorted(record.get("eval", {})) != sorted(evaluated_splits(run, config))):
+        if not _tested_as_planned(record, run, config):
             return everything
         return everything[:1] if differences else ()
 
@@ -259,6 +258,15 @@ def _exit_text(code: int) -> str:
     return f"exit status {code}"
 
 
+def _tested_as_planned(record: dict, run, config) -> bool:
+    """Whether a finished run's record holds the test the study plans for `run`: as many
+    tasks, on the same splits."""
+    from stepcredit.study.worker import evaluated_splits
+
+    return (record.get("eval_tasks") == run.eval_tasks
+            and sorted(record.get("eval", {})) == sorted(evaluated_splits(run, config)))
+
+
 def reuse_runs(study: Study, out: str, source: str) -> tuple[str, ...]:
     """Copies into `out` the finished runs of another sweep's directory `source` that this
     study would train the same way; returns their run ids.
@@ -266,7 +274,8 @@ def reuse_runs(study: Study, out: str, source: str) -> tuple[str, ...]:
     A run is copied when `source` holds a "done" record under the same run id whose resolved
     configuration equals the one this study's run trains with, but for the directory it logs
     to (so a fitted prompt budget must come out the same; a field the record predates counts
-    as its default, as when a checkpoint is resumed), and `out` holds nothing of that run yet
+    as its default, as when a checkpoint is resumed), whose test was the one this study plans
+    (as many tasks, the same splits), and `out` holds nothing of that run yet
     (no record, no run directory: an interrupted run there is resumed, not replaced).
     Its run directory comes without checkpoints; its record says where it came from
     (`reused_from`) and logs to its new place.
@@ -282,7 +291,8 @@ def reuse_runs(study: Study, out: str, source: str) -> tuple[str, ...]:
                 or os.path.exists(target)):
             continue
         config = run_config(run, os.path.abspath(out))
-        if TrainConfig.from_json(held["config"]).differences(config, ignore=("logdir",)):
+        if (TrainConfig.from_json(held["config"]).differences(config, ignore=("logdir",))
+                or not _tested_as_planned(held, run, config)):
             continue
         if os.path.isdir(run_dir(source, run.run_id)):  # a record alone is a finished run too
             partial = target + ".partial"
