@@ -91,10 +91,20 @@ def test_diagnosis_defaults_to_the_studys_simulators_and_estimators():
     (("seeds = [0, 1, 2]", "seeds = []"), r"seeds must be a non-empty list"),
     (("tasks = 2", "taks = 2"), r"\[diagnose\]: unknown field"),
     (("learning_rate = 5e-4", "learning_rate = true"), r"learning_rate: expected float"),
+    (('eval_splits = ["seen", "unseen"]', 'eval_tasks = "abc"'),
+     r"\[envs.alfworld\]: eval_tasks='abc'; it must be an int >= 1"),
 ])
 def test_a_bad_study_is_refused_naming_the_table(change, message):
     with pytest.raises(ValueError, match=message):
         _study(STUDY.replace(*change))
+
+
+def test_a_methods_eval_tasks_win_over_its_environments():
+    both = _study(STUDY.replace('eval_splits = ["seen", "unseen"]',
+                                'eval_splits = ["seen", "unseen"]\neval_tasks = 8')
+                  .replace('published = "steppo"', 'published = "steppo"\neval_tasks = 16'))
+    assert both.run("alfworld-StepPO-s0").eval_tasks == 16
+    assert both.run("alfworld-GRPO-s0").eval_tasks == 8
 
 
 def test_two_runs_of_one_name_are_refused():

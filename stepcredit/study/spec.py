@@ -172,9 +172,15 @@ class Study:
         config = dataclasses.replace(config, estimator_config=tuple(sorted(estimator_config.items())))
         budget_set = self.prompt_budget_set or any(
             "max_prompt_tokens" in table.get("rollout", {}) for table in (env_table, method_table))
+        # The method's wins, as for every field both tables may set.
+        eval_tasks = (config.eval_tasks if "eval_tasks" in method_table
+                      else env_table.get("eval_tasks", config.eval_tasks))
+        if not isinstance(eval_tasks, int) or isinstance(eval_tasks, bool) or eval_tasks < 1:
+            raise ValueError(f"{where} [envs.{env}]: eval_tasks={eval_tasks!r}; it must be an "
+                             "int >= 1")
         return Run(run_id=f"{env}-{method}-s{seed}", env=env, method=method, seed=seed,
                    config=config, eval_splits=tuple(env_table.get("eval_splits", ())),
-                   eval_tasks=int(env_table.get("eval_tasks", config.eval_tasks)),
+                   eval_tasks=eval_tasks,
                    fit_prompt_budget=not budget_set)
 
 
