@@ -84,6 +84,8 @@ def test_diagnosis_defaults_to_the_studys_simulators_and_estimators():
     (("d_model = 16", "estimator = 'grpo'"), r"\[train\]: estimator is set per run"),
     (("kl_coef = 0.1", "kl_cof = 0.1"), r"\[train\] loss: unknown field 'kl_cof'"),
     (('estimator = "grpo"', 'estimator = "grpoo"'), r"\[methods.GRPO\]"),
+    (('published = "grpo"', 'published = "grpoo"'),
+     r"\[methods.GRPO\]: published='grpoo' is no row of the published numbers"),
     (("set = { lam = 0.9 }", "set = { lamb = 0.9 }"), r"\[methods.StepPO\]"),
     (("[envs.hotpotqa]", "[envs.hotpot]"), r"\[envs.hotpot\]: unknown environment 'hotpot'"),
     (("[methods.GRPO]", "[methods.'GR PO']"), r"label 'GR PO'"),
@@ -91,6 +93,8 @@ def test_diagnosis_defaults_to_the_studys_simulators_and_estimators():
     (("seeds = [0, 1, 2]", "seeds = []"), r"seeds must be a non-empty list"),
     (("tasks = 2", "taks = 2"), r"\[diagnose\]: unknown field"),
     (("learning_rate = 5e-4", "learning_rate = true"), r"learning_rate: expected float"),
+    (('eval_splits = ["seen", "unseen"]', 'eval_splits = ["seen", "unsen"]'),
+     r"\[envs.alfworld\]: unknown eval split 'unsen'; alfworld has train, seen, unseen"),
     (('eval_splits = ["seen", "unseen"]', 'eval_tasks = "abc"'),
      r"\[envs.alfworld\]: eval_tasks='abc'; it must be an int >= 1"),
 ])

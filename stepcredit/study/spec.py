@@ -47,6 +47,7 @@ import sys
 from typing import Any, Mapping
 
 from stepcredit.rollout import RolloutConfig
+from stepcredit.study.published import SOURCES
 from stepcredit.train.config import TrainConfig
 from stepcredit.train.update import LossConfig
 
@@ -244,6 +245,14 @@ def parse_study(raw: Mapping[str, Any], *, source: str = "", where: str = "study
         if not isinstance(splits, list) or not all(isinstance(s, str) for s in splits):
             raise ValueError(f"{where} [envs.{label}]: eval_splits must be a list of split "
                              f"names, got {splits!r}")
+        if splits:  # a typo stops the study here, not at the end of a run's training
+            probe = env_registry.make(simulator)
+            known = getattr(probe, "splits", ("test",))
+            probe.close()
+            unknown = [s for s in splits if s not in known]
+            if unknown:
+                raise ValueError(f"{where} [envs.{label}]: unknown eval split {unknown[0]!r}; "
+                                 f"{simulator} has {', '.join(known)}")
         envs[label] = table
     methods: dict[str, dict[str, Any]] = {}
     for label, table in raw["methods"].items():
@@ -255,6 +264,10 @@ def parse_study(raw: Mapping[str, Any], *, source: str = "", where: str = "study
             advantages.get(table["estimator"]).resolve(dict(table.get("set", {})))
         except (KeyError, ValueError, TypeError) as error:
             raise ValueError(f"{where} [methods.{label}]: {error}") from None
+        rows = sorted({key for source in SOURCES for key in source.values})
+        if "published" in table and table["published"] not in rows:
+            raise ValueError(f"{where} [methods.{label}]: published={table['published']!r} is no "
+                             f"row of the published numbers; they have {', '.join(rows)}")
         methods[label] = table
     diagnose = raw.get("diagnose")
     study = Study(name=name, description=raw.get("description", ""), seeds=tuple(seeds),
