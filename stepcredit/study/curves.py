@@ -13,7 +13,7 @@ import os
 import numpy as np
 
 from stepcredit.data.write import atomic_path
-from stepcredit.study.records import run_dir
+from stepcredit.study.records import DONE, read_record, run_dir
 from stepcredit.study.spec import load_study
 
 
@@ -33,7 +33,8 @@ def smoothed(values: np.ndarray, window: int) -> np.ndarray:
 def curves(out: str, *, metric: str = "rollout/success", window: int = 5
            ) -> dict[str, dict[str, np.ndarray]]:
     """env -> method -> `[S, T]` smoothed `metric` per seed and iteration, over the
-    iterations every finished seed reached (runs without metrics are left out)."""
+    iterations every finished seed reached (runs without a "done" record, still going or
+    failed, are left out)."""
     from stepcredit.train.metrics import read_metrics
 
     study = load_study(os.path.join(out, "study.toml"))
@@ -45,7 +46,8 @@ def curves(out: str, *, metric: str = "rollout/success", window: int = 5
                 if run.env != env or run.method != method:
                     continue
                 path = run_dir(out, run.run_id)
-                if not os.path.exists(os.path.join(path, "metrics.jsonl")):
+                if ((read_record(out, run.run_id) or {}).get("status") != DONE
+                        or not os.path.exists(os.path.join(path, "metrics.jsonl"))):
                     continue
                 values = [m[metric] for m in read_metrics(path)
                           if m["iteration"] >= 0 and m.get(metric) is not None]
