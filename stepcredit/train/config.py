@@ -183,10 +183,18 @@ class TrainConfig:
                     "group_size": self.group_size, "epochs": self.epochs,
                     "minibatch_rows": self.minibatch_rows,
                     "checkpoint_every": self.checkpoint_every,
-                    "vine_rollouts": self.vine_rollouts}
+                    "vine_rollouts": self.vine_rollouts, "eval_tasks": self.eval_tasks,
+                    "warm_start_tasks": self.warm_start_tasks,
+                    "horizon_switch_every": self.horizon_switch_every}
         for name, value in positive.items():
             if value < 1:
                 raise ValueError(f"TrainConfig: {name}={value}; it must be >= 1")
+        for name in ("learning_rate", "grad_clip", "prm_learning_rate"):
+            if not getattr(self, name) > 0:
+                raise ValueError(f"TrainConfig: {name}={getattr(self, name)}; it must be > 0")
+        for name in ("warm_start_steps", "weight_decay"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"TrainConfig: {name}={getattr(self, name)}; it must be >= 0")
         if self.progress_steps < 0 or not self.progress_learning_rate > 0:
             raise ValueError(f"TrainConfig: progress_steps={self.progress_steps} must be >= 0 "
                              f"and progress_learning_rate={self.progress_learning_rate} > 0")

@@ -22,6 +22,8 @@ def run(args: argparse.Namespace) -> int:
     from stepcredit.train.evaluate import evaluate
     from stepcredit.train.trainer import Trainer
 
+    if args.tasks < 1:
+        raise ValueError(f"--tasks {args.tasks}: it must be >= 1")
     config_path = os.path.join(args.checkpoint, "config.json")
     if not os.path.exists(config_path):
         raise ValueError(f"--checkpoint: {config_path} not found; it takes the run "

@@ -165,6 +165,17 @@ def test_eval_command_names_a_missing_checkpoint(tmp_path, capsys):
     (tmp_path / "config.json").write_text(TrainConfig(env="alfworld").to_json())
     assert main(["eval", "--checkpoint", str(tmp_path)]) == 2
     assert "checkpoints holds no checkpoint" in capsys.readouterr().err
+    assert main(["eval", "--checkpoint", str(tmp_path), "--tasks", "0"]) == 2
+    assert "--tasks 0: it must be >= 1" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("field, value, message", [
+    ("warm_start_steps", -1, ">= 0"), ("warm_start_tasks", 0, ">= 1"),
+    ("horizon_switch_every", 0, ">= 1"), ("learning_rate", -1.0, "> 0"),
+    ("eval_tasks", 0, ">= 1"), ("weight_decay", -0.1, ">= 0")])
+def test_a_setting_out_of_range_is_named(field, value, message):
+    with pytest.raises(ValueError, match=f"TrainConfig: {field}={value}; it must be {message}"):
+        TrainConfig(env="alfworld", **{field: value})
 
 
 def test_horizon_curriculum_switches_step_limits(tmp_path):
