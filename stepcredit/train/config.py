@@ -237,9 +237,14 @@ class TrainConfig:
         if self.micro_rows < 0 or (self.micro_rows and self.policy != "qwen"):
             raise ValueError(f"TrainConfig: micro_rows={self.micro_rows} with policy={self.policy!r}; "
                              "micro-batches (>= 1) split the updates of policy 'qwen' only")
-        if self.param_dtype not in ("float32", "bfloat16"):
-            raise ValueError(f"TrainConfig: param_dtype={self.param_dtype!r}; expected 'float32' or "
-                             "'bfloat16'")
+        if self.param_dtype not in ("float32", "bfloat16") or (
+                self.param_dtype != "float32" and self.policy != "qwen"):
+            raise ValueError(f"TrainConfig: param_dtype={self.param_dtype!r} with policy="
+                             f"{self.policy!r}; 'float32' or 'bfloat16', and the latter for "
+                             "policy 'qwen' only")
+        if self.lora_alpha != 32.0 and self.policy != "qwen":
+            raise ValueError(f"TrainConfig: lora_alpha={self.lora_alpha} with policy="
+                             f"{self.policy!r}; LoRA adapts policy 'qwen' only")
         if self.num_devices < 0:
             raise ValueError(f"TrainConfig: num_devices={self.num_devices}; it must be >= 0 "
                              "(0: all local devices)")

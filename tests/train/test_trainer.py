@@ -178,6 +178,13 @@ def test_a_setting_out_of_range_is_named(field, value, message):
         TrainConfig(env="alfworld", **{field: value})
 
 
+def test_the_language_models_settings_are_refused_for_the_word_policy():
+    with pytest.raises(ValueError, match="param_dtype='bfloat16' with policy='word'"):
+        TrainConfig(env="alfworld", param_dtype="bfloat16")
+    with pytest.raises(ValueError, match="lora_alpha=8.0 with policy='word'"):
+        TrainConfig(env="alfworld", lora_alpha=8.0)
+
+
 def test_horizon_curriculum_switches_step_limits(tmp_path):
     rows = train(tmp_path, "alfworld", "grpo", "--iterations", "2", "--horizon-schedule", "2,3",
                  "--horizon-switch-every", "1")
