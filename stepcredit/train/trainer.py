@@ -231,8 +231,11 @@ class Trainer:
             `resume` or `overwrite`, a directory holding a run is refused.
 
         Raises:
-          ValueError: a run is in the way, or the resumed run's configuration differs.
+          ValueError: a run is in the way, the resumed run's configuration differs, or
+            both `resume` and `overwrite` are asked for.
         """
+        if resume and overwrite:
+            raise ValueError("--resume and --overwrite: continue the run or replace it, not both")
         config = self.config
         started = time.perf_counter()
         if self.primary:

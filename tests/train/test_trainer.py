@@ -159,6 +159,12 @@ def test_target_kl_stops_the_epochs_early(tmp_path):
         TrainConfig(env="alfworld", target_kl=0.0)
 
 
+def test_resume_and_overwrite_together_are_refused(tmp_path, capsys):
+    assert main(["train", "--env", "alfworld", "--estimator", "grpo", "--logdir", str(tmp_path),
+                 *TINY, "--resume", "--overwrite"]) == 2
+    assert "continue the run or replace it, not both" in capsys.readouterr().err
+
+
 def test_eval_command_names_a_missing_checkpoint(tmp_path, capsys):
     assert main(["eval", "--checkpoint", str(tmp_path / "missing")]) == 2
     assert "config.json not found" in capsys.readouterr().err
