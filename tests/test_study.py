@@ -91,6 +91,10 @@ def test_diagnosis_defaults_to_the_studys_simulators_and_estimators():
     (("[methods.GRPO]", "[methods.'GR PO']"), r"label 'GR PO'"),
     (("seeds = [0, 1, 2]", "seeds = [0, 0]"), r"repeat a seed"),
     (("seeds = [0, 1, 2]", "seeds = []"), r"seeds must be a non-empty list"),
+    (("seeds = [0, 1, 2]", "seeds = 3"), r"seeds must be a non-empty list of integers, got 3"),
+    (('name = "small"', "name = 5"), r"name must be a string, got 5"),
+    (("[methods.GRPO]\n", "[methods]\nGRPO = 'grpo'\n[methods.G]\n"),
+     r"\[methods.GRPO\]: must be a table, got 'grpo'"),
     (("tasks = 2", "taks = 2"), r"\[diagnose\]: unknown field"),
     (("learning_rate = 5e-4", "learning_rate = true"), r"learning_rate: expected float"),
     (('eval_splits = ["seen", "unseen"]', 'eval_splits = ["seen", "unsen"]'),
@@ -109,6 +113,11 @@ def test_a_methods_eval_tasks_win_over_its_environments():
                   .replace('published = "steppo"', 'published = "steppo"\neval_tasks = 16'))
     assert both.run("alfworld-StepPO-s0").eval_tasks == 16
     assert both.run("alfworld-GRPO-s0").eval_tasks == 8
+
+
+def test_a_value_where_a_table_belongs_is_named():
+    with pytest.raises(ValueError, match=r"study \[envs\]: must be a table, got 3"):
+        _study('envs = 3\n[methods.GRPO]\nestimator = "grpo"\n')
 
 
 def test_two_runs_of_one_name_are_refused():

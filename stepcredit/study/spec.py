@@ -218,9 +218,20 @@ def parse_study(raw: Mapping[str, Any], *, source: str = "", where: str = "study
     from stepcredit.envs import registry as env_registry
 
     _known(raw, _STUDY_KEYS, where)
+    for key in ("name", "description"):
+        if not isinstance(raw.get(key, ""), str):
+            raise ValueError(f"{where}: {key} must be a string, got {raw[key]!r}")
+    tables = [(f"[{key}]", raw[key]) for key in ("train", "envs", "methods", "diagnose")
+              if key in raw]
+    tables += [(f"[{key}.{label}]", table) for key in ("envs", "methods")
+               if isinstance(raw.get(key), dict) for label, table in raw[key].items()]
+    for title, table in tables:
+        if not isinstance(table, dict):
+            raise ValueError(f"{where} {title}: must be a table, got {table!r}")
     name = raw.get("name") or os.path.splitext(os.path.basename(where))[0]
     seeds = raw.get("seeds", [0])
-    if not seeds or not all(isinstance(s, int) and not isinstance(s, bool) for s in seeds):
+    if not isinstance(seeds, list) or not seeds or not all(
+            isinstance(s, int) and not isinstance(s, bool) for s in seeds):
         raise ValueError(f"{where}: seeds must be a non-empty list of integers, got {seeds!r}")
     if len(set(seeds)) != len(seeds):
         raise ValueError(f"{where}: seeds {seeds} repeat a seed")
