@@ -129,8 +129,8 @@ def _raise_first_bad(records: list[dict], name: str, start: int, error: Exceptio
     for offset, record in enumerate(records):
         value = record.get(name)
         if value is not None and not _value_ok(kind, value):
-            raise RecordError(start + offset, name, f"has {type(value).__name__} {short_value(value)}; "
-                              f"it must be {_EXPECTED[kind]}") from None
+            raise RecordError(start + offset, name, f"has {type(value).__name__} "
+                              f"{short_value(value)}; it must be {_EXPECTED[kind]}") from None
         if kind in ("float", "float_list") and value is not None:
             for number in value if isinstance(value, list) else [value]:
                 if isinstance(number, int) and abs(number) > FLOAT32_MAX:  # too big even for int64
@@ -138,7 +138,8 @@ def _raise_first_bad(records: list[dict], name: str, start: int, error: Exceptio
         if kind in ("int", "int_list") and value is not None:
             for number in value if isinstance(value, list) else [value]:
                 if not -2**31 <= number < 2**31:
-                    raise RecordError(start + offset, name, f"holds {number}, outside int32") from None
+                    raise RecordError(start + offset, name,
+                                      f"holds {number}, outside int32") from None
     raise RecordError(start, name, f"rows {start}..{start + len(records) - 1} do not fit "
                       f"{schema.ARROW_SCHEMA.field(name).type}: {error}") from None
 
@@ -253,8 +254,9 @@ def check_values(table: pa.Table, start: int) -> None:
 
     Required fields are not null, `step_index >= 0`, `response_ids` is not
     empty and the per-token lists have its length, `done` and `truncated`
-    are not both true, and `metadata` holds a JSON object. (Numbers were checked finite in float32 by
-    `canonical_records` and `canonical_table`, before their cast.)
+    are not both true, and `metadata` holds a JSON object. (Numbers were
+    checked finite in float32 by `canonical_records` and `canonical_table`,
+    before their cast.)
 
     Args:
       table: a batch in the schema's types (`canonical_records`, `canonical_table`).
@@ -299,6 +301,7 @@ def _json_object(text: str) -> bool:
         return isinstance(json.loads(text), dict)
     except ValueError:
         return False
+
 
 # ---------------------------------------------------------------- structure
 

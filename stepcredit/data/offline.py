@@ -406,7 +406,7 @@ def compute_credit(source, output: str, estimator: str, *, overrides: Mapping[st
     jitted = _compiled(plan)
     moments = _Moments()
     first_row: dict[str, int] = {}  # each input column and the first row that holds it
-    extra_types: dict[str, pa.DataType] = {}  # a JSONL column outside the schema: its first value's
+    extra_types: dict[str, pa.DataType] = {}  # JSONL columns outside the schema, typed
     rows = trajectories = 0
     with tempfile.TemporaryFile() as advantage_file, tempfile.TemporaryFile() as return_file:
         has_returns = False
@@ -543,7 +543,8 @@ def _write(writer: RowWriter, fmt: str, raw, new: dict[str, np.ndarray], lengths
     if fmt == "jsonl":
         if isinstance(raw, list):
             lists = {k: a.to_pylist() for k, a in arrays.items()}
-            records = [{**record, **{k: lists[k][i] for k in lists}} for i, record in enumerate(raw)]
+            records = [{**record, **{k: lists[k][i] for k in lists}}
+                       for i, record in enumerate(raw)]
             try:
                 writer.write_records(records)
             except ValueError:  # NaN or infinity, which JSON cannot hold
@@ -565,8 +566,9 @@ def _raise_not_json(records: list[dict], start: int):
             try:
                 json.dumps(value, allow_nan=False)
             except ValueError:
-                raise RecordError(start + offset, name, f"holds {short_value(value)}, which a JSONL "
-                                  "output cannot hold (NaN or infinity); write .parquet") from None
+                raise RecordError(start + offset, name,
+                                  f"holds {short_value(value)}, which a JSONL output cannot "
+                                  "hold (NaN or infinity); write .parquet") from None
     raise AssertionError("write_records refused rows that each serialise")
 
 

@@ -16,7 +16,8 @@ import os
 
 import stepcredit
 
-HELP = "sweep and tabulate a shipped study: quick (about 10 minutes on 2 cores) or full (the main table)"
+HELP = ("sweep and tabulate a shipped study: quick (about 10 minutes on 2 cores) or full (the "
+        "main table)")
 
 # The shipped studies live beside the package, in the clone's experiments/ folder.
 STUDIES = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(stepcredit.__file__))),

@@ -266,6 +266,7 @@ def parse_study(raw: Mapping[str, Any], *, source: str = "", where: str = "study
                                  f"{simulator} has {', '.join(known)}")
         envs[label] = table
     methods: dict[str, dict[str, Any]] = {}
+    rows = sorted({key for source in SOURCES for key in source.values})  # of published numbers
     for label, table in raw["methods"].items():
         _label(label, f"{where} [methods]")
         table = dict(table)
@@ -275,7 +276,6 @@ def parse_study(raw: Mapping[str, Any], *, source: str = "", where: str = "study
             advantages.get(table["estimator"]).resolve(dict(table.get("set", {})))
         except (KeyError, ValueError, TypeError) as error:
             raise ValueError(f"{where} [methods.{label}]: {error}") from None
-        rows = sorted({key for source in SOURCES for key in source.values})
         if "published" in table and table["published"] not in rows:
             raise ValueError(f"{where} [methods.{label}]: published={table['published']!r} is no "
                              f"row of the published numbers; they have {', '.join(rows)}")

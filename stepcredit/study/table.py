@@ -11,9 +11,9 @@ its interval lies wholly above every other method's. Beside them, from the
 sweep's diagnosis (`<out>/diagnose/`), the method's estimator graded against
 the simulator's ground truth: AUC and blame localisation with their bootstrap
 intervals (none for a method that sets its own hyperparameters, `set`: the
-diagnosis grades each estimator at its defaults). Then the published success of the same method in other papers
-(`stepcredit.study.published`), in separate columns: other models and real
-environments, so only orderings compare.
+diagnosis grades each estimator at its defaults). Then the published success
+of the same method in other papers (`stepcredit.study.published`), in separate
+columns: other models and real environments, so only orderings compare.
 """
 
 from __future__ import annotations

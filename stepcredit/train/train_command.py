@@ -40,7 +40,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="rollouts per task (GiGPO and verl-agent: 8)")
     parser.add_argument("--seed", type=int, default=0,
                         help="seeds the model, the sampling and the task order")
-    parser.add_argument("--max-steps", type=int, default=None, help="episode step limit (default: the environment's own)")
+    parser.add_argument("--max-steps", type=int, default=None,
+                        help="episode step limit (default: the environment's own)")
     parser.add_argument("--horizon-schedule", type=_ints, default=(),
                         help="ScalingInter-RL step limits, e.g. 5,10,15")
     parser.add_argument("--horizon-switch-every", type=int, default=50,

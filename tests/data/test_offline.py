@@ -254,10 +254,14 @@ def test_jsonl_rows_of_differing_columns_make_one_parquet_table(log, tmp_path):
 
 def test_a_value_json_cannot_hold_is_named_by_its_row(log, tmp_path):
     _, path = log
-    nan_logp = _edited(path, tmp_path / "nan.jsonl", lambda number, row: {
-        **row, "response_logprobs": [float("nan")] * len(row["response_ids"])} if number == 5 else row)
+    def edit(number, row):
+        if number == 5:
+            row["response_logprobs"] = [float("nan")] * len(row["response_ids"])
+        return row
+    nan_logp = _edited(path, tmp_path / "nan.jsonl", edit)
     output = tmp_path / "out.jsonl"
-    with pytest.raises(RecordError, match="row 5, field 'response_logprobs': holds .*write .parquet"):
+    with pytest.raises(RecordError,
+                       match="row 5, field 'response_logprobs': holds .*write .parquet"):
         compute_credit(nan_logp, str(output), "grpo", progress=False)
     assert not output.exists()
     compute_credit(nan_logp, str(tmp_path / "out.parquet"), "grpo", progress=False)  # it can
