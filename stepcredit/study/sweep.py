@@ -37,7 +37,7 @@ from stepcredit.data.write import atomic_path
 from stepcredit.study.records import (DONE, FAILED, read_record, record_path, run_dir,
                                       write_record)
 from stepcredit.study.spec import Study, load_study
-from stepcredit.study.worker import DIAGNOSIS, failed_record
+from stepcredit.study.worker import DIAGNOSIS, evaluated_splits, failed_record, run_config
 
 _POLL_SECONDS = 0.5
 _LOG_TAIL_LINES = 15
@@ -151,8 +151,6 @@ def supersede_changed(study: Study, out: str, old_fingerprint: str) -> tuple[str
     iterations, say) loses only its record: the sweep resumes it from its checkpoints.
     A job with neither record nor configuration written yet is left to start over.
     """
-    from stepcredit.study.spec import load_study
-    from stepcredit.study.worker import run_config
     from stepcredit.train.config import RESUMABLE_CHANGES, TrainConfig
 
     def what_goes(job_id: str) -> tuple[str, ...]:
@@ -261,8 +259,6 @@ def _exit_text(code: int) -> str:
 def _tested_as_planned(record: dict, run, config) -> bool:
     """Whether a finished run's record holds the test the study plans for `run`: as many
     tasks, on the same splits."""
-    from stepcredit.study.worker import evaluated_splits
-
     return (record.get("eval_tasks") == run.eval_tasks
             and sorted(record.get("eval", {})) == sorted(evaluated_splits(run, config)))
 
@@ -280,7 +276,6 @@ def reuse_runs(study: Study, out: str, source: str) -> tuple[str, ...]:
     Its run directory comes without checkpoints; its record says where it came from
     (`reused_from`) and logs to its new place.
     """
-    from stepcredit.study.worker import run_config
     from stepcredit.train.config import TrainConfig
 
     copied = []
