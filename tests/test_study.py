@@ -476,3 +476,13 @@ def test_curves_band_over_seeds(tmp_path):
                                [[o + 0.1 * it for it in range(4)] for o in (0.0, 0.2)])
     path = curves.plot_curves(str(out))
     assert open(path, "rb").read(8) == b"\x89PNG\r\n\x1a\n"
+
+
+def test_curve_styles_tell_twenty_one_methods_apart():
+    methods = [f"method{i}" for i in range(21)]
+    styles = curves.line_styles(methods)
+    pairs = {(style["color"], style["linestyle"]) for style in styles.values()}
+    assert len(pairs) == 21
+    # The eleventh method reuses the first's colour, told apart by its dashes.
+    assert styles["method10"]["color"] == styles["method0"]["color"]
+    assert styles["method10"]["linestyle"] != styles["method0"]["linestyle"]

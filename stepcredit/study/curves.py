@@ -59,10 +59,28 @@ def curves(out: str, *, metric: str = "rollout/success", window: int = 5
     return found
 
 
+# Ten colours, then the same ten dashed, then dotted: a study's twenty-odd methods stay
+# apart where a colour cycle alone repeats after ten.
+_COLOURS = 10
+_DASHES = ("-", "--", ":", "-.")
+
+
+def line_styles(methods: list[str]) -> dict[str, dict[str, object]]:
+    """method -> matplotlib line keywords (`color`, `linestyle`), a distinct pair for each
+    of up to 40 methods, the same method styled alike in every panel."""
+    import matplotlib
+
+    palette = matplotlib.colormaps["tab10"]
+    return {method: {"color": palette(i % _COLOURS),
+                     "linestyle": _DASHES[i // _COLOURS % len(_DASHES)]}
+            for i, method in enumerate(methods)}
+
+
 def plot_curves(out: str, path: str | None = None, *, metric: str = "rollout/success",
                 window: int = 5) -> str | None:
-    """Writes the curves (one panel per environment) to `path` (default
-    `<out>/curves.png`); None when no run has logged an iteration."""
+    """Writes the curves (one panel per environment, one legend below them all) to `path`
+    (default `<out>/curves.png`); None when no run has logged an iteration. A legend
+    entry gives the method's seeds, per panel (`3/3/2`) where the panels differ."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -72,18 +90,30 @@ def plot_curves(out: str, path: str | None = None, *, metric: str = "rollout/suc
     if not data:
         return None
     path = path or os.path.join(out, "curves.png")
-    figure, axes = plt.subplots(1, len(data), figsize=(4.5 * len(data), 3.6), squeeze=False)
-    for axis, (env, methods) in zip(axes[0], data.items()):
-        for method, values in methods.items():
+    methods = list(dict.fromkeys(method for found in data.values() for method in found))
+    styles = line_styles(methods)
+    columns = min(len(methods), 6)
+    legend_rows = -(-len(methods) // columns)
+    legend_height = 0.15 + 0.17 * legend_rows
+    height = 3.6 + legend_height
+    figure, axes = plt.subplots(1, len(data), figsize=(4.5 * len(data), height), squeeze=False)
+    for axis, (env, found) in zip(axes[0], data.items()):
+        for method, values in found.items():
             steps = np.arange(values.shape[1])
-            line, = axis.plot(steps, values.mean(axis=0), label=f"{method} ({len(values)})")
+            axis.plot(steps, values.mean(axis=0), linewidth=1.2, **styles[method])
             axis.fill_between(steps, values.min(axis=0), values.max(axis=0),
-                              color=line.get_color(), alpha=0.2, linewidth=0)
+                              color=styles[method]["color"], alpha=0.12, linewidth=0)
         axis.set_title(env)
         axis.set_xlabel("iteration")
         axis.set_ylabel(f"{metric}, {window}-iteration mean")
-        axis.legend(fontsize=7, title="method (seeds)", title_fontsize=7)
-    figure.tight_layout()
+    handles, labels = [], []
+    for method in methods:
+        seeds = [len(found[method]) if method in found else 0 for found in data.values()]
+        handles.append(matplotlib.lines.Line2D([], [], linewidth=1.2, **styles[method]))
+        labels.append(f"{method} ({seeds[0] if len(set(seeds)) == 1 else '/'.join(map(str, seeds))})")
+    figure.legend(handles, labels, loc="lower center", ncol=columns, fontsize=7, frameon=False,
+                  title="method (seeds)", title_fontsize=7)
+    figure.tight_layout(rect=(0, legend_height / height, 1, 1))
     with atomic_path(path) as temporary:
         figure.savefig(temporary, format="png", dpi=110)
     plt.close(figure)
