@@ -85,6 +85,7 @@ def plot_curves(out: str, path: str | None = None, *, metric: str = "rollout/suc
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.lines import Line2D
 
     data = curves(out, metric=metric, window=window)
     if not data:
@@ -109,7 +110,7 @@ def plot_curves(out: str, path: str | None = None, *, metric: str = "rollout/suc
     handles, labels = [], []
     for method in methods:
         seeds = [len(found[method]) if method in found else 0 for found in data.values()]
-        handles.append(matplotlib.lines.Line2D([], [], linewidth=1.2, **styles[method]))
+        handles.append(Line2D([], [], linewidth=1.2, **styles[method]))
         labels.append(f"{method} ({seeds[0] if len(set(seeds)) == 1 else '/'.join(map(str, seeds))})")
     figure.legend(handles, labels, loc="lower center", ncol=columns, fontsize=7, frameon=False,
                   title="method (seeds)", title_fontsize=7)
