@@ -66,13 +66,14 @@ _DASHES = ("-", "--", ":", "-.")
 
 
 def line_styles(methods: list[str]) -> dict[str, dict[str, object]]:
-    """method -> matplotlib line keywords (`color`, `linestyle`), a distinct pair for each
-    of up to 40 methods, the same method styled alike in every panel."""
+    """method -> matplotlib line keywords (`color`, `linestyle`, `linewidth`), a distinct
+    colour and dash pair for each of up to 40 methods, the same method styled alike in
+    every panel and in the legend."""
     import matplotlib
 
     palette = matplotlib.colormaps["tab10"]
     return {method: {"color": palette(i % _COLOURS),
-                     "linestyle": _DASHES[i // _COLOURS % len(_DASHES)]}
+                     "linestyle": _DASHES[i // _COLOURS % len(_DASHES)], "linewidth": 1.2}
             for i, method in enumerate(methods)}
 
 
@@ -101,7 +102,7 @@ def plot_curves(out: str, path: str | None = None, *, metric: str = "rollout/suc
     for axis, (env, found) in zip(axes[0], data.items()):
         for method, values in found.items():
             steps = np.arange(values.shape[1])
-            axis.plot(steps, values.mean(axis=0), linewidth=1.2, **styles[method])
+            axis.plot(steps, values.mean(axis=0), **styles[method])
             axis.fill_between(steps, values.min(axis=0), values.max(axis=0),
                               color=styles[method]["color"], alpha=0.12, linewidth=0)
         axis.set_title(env)
@@ -110,8 +111,9 @@ def plot_curves(out: str, path: str | None = None, *, metric: str = "rollout/suc
     handles, labels = [], []
     for method in methods:
         seeds = [len(found[method]) if method in found else 0 for found in data.values()]
-        handles.append(Line2D([], [], linewidth=1.2, **styles[method]))
-        labels.append(f"{method} ({seeds[0] if len(set(seeds)) == 1 else '/'.join(map(str, seeds))})")
+        handles.append(Line2D([], [], **styles[method]))
+        count = str(seeds[0]) if len(set(seeds)) == 1 else "/".join(map(str, seeds))
+        labels.append(f"{method} ({count})")
     figure.legend(handles, labels, loc="lower center", ncol=columns, fontsize=7, frameon=False,
                   title="method (seeds)", title_fontsize=7)
     figure.tight_layout(rect=(0, legend_height / height, 1, 1))

@@ -266,7 +266,7 @@ def parse_study(raw: Mapping[str, Any], *, source: str = "", where: str = "study
                                  f"{simulator} has {', '.join(known)}")
         envs[label] = table
     methods: dict[str, dict[str, Any]] = {}
-    rows = sorted({key for source in SOURCES for key in source.values})  # of published numbers
+    rows = sorted({key for published in SOURCES for key in published.values})  # published
     for label, table in raw["methods"].items():
         _label(label, f"{where} [methods]")
         table = dict(table)
