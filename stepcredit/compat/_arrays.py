@@ -6,6 +6,7 @@ given, NumPy arrays pass straight through, and nothing here is traced.
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import jax.numpy as jnp
@@ -215,6 +216,25 @@ def read(container, key: str, fn: str, *, required: bool = True):
     if required:
         raise KeyError(f"{fn}: the batch has no {key!r} (neither data.batch nor data.non_tensor_batch)")
     return None
+
+
+def number(fn: str, name: str, value) -> float:
+    """A hyperparameter as a finite Python float, or one line naming `fn` and `name`.
+
+    Accepts what trainers' configs hold: Python and NumPy numbers, one-element
+    tensors and numeric strings (YAML reads "1e-6" as a string); a bool, None
+    or an array of several elements is refused, as is a NaN or an infinity.
+    """
+    try:
+        array = host(value)
+        if array.size != 1 or array.dtype == bool:
+            raise TypeError
+        out = float(array.reshape(()).item())
+    except (TypeError, ValueError):
+        raise ValueError(f"{fn}: {name}={value!r}; it must be a number") from None
+    if not math.isfinite(out):
+        raise ValueError(f"{fn}: {name}={out}; it must be finite")
+    return out
 
 
 def setting(config, key: str, default=None):

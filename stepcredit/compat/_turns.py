@@ -22,7 +22,8 @@ import numpy as np
 
 from stepcredit.advantages import normalize, registry
 from stepcredit.advantages.inputs import CreditInputs
-from stepcredit.compat._arrays import dense, host, like, row_sums, setting, token_matrix, token_rows
+from stepcredit.compat._arrays import (dense, host, like, number, row_sums, setting, token_matrix,
+                                        token_rows)
 from stepcredit.keys import dense_ids, stable_keys
 
 # The credit inputs that the rows provide (see the module doc), and the argument (verl's batch
@@ -172,7 +173,7 @@ def turn_estimator(name: str, hyperparameters: Mapping[str, Any] | None = None, 
         fn = label or name
         inputs, turns, mask = turn_credit_inputs(entry, token_level_rewards, response_mask, index,
                                                  values, entropys, rm_scores, anchor_obs, fn)
-        options = {key: float(setting(config, key)) for key in ("gamma", "lam")
+        options = {key: number(fn, key, setting(config, key)) for key in ("gamma", "lam")
                    if key in entry.defaults and setting(config, key) is not None}
         out = registry.apply(entry, inputs, {**options, **fixed})
         on_tokens = turns.tokens if entry.output_level == "step" else (lambda x: x)

@@ -35,6 +35,7 @@ from stepcredit.compat._arrays import (
     first_rows,
     like,
     normalize_by_members,
+    number,
     row_sums,
     row_vector,
     token_matrix,
@@ -68,11 +69,13 @@ def compute_gae_advantage_return(token_level_rewards, values, response_mask, tra
       `(advantages, returns)`, `(bs, response_length)`.
     """
     fn = "compute_gae_advantage_return"
+    gamma = number(fn, "gamma", gamma)
+    lam = number(fn, "lam", lam)
     rewards, mask, layout = _layout(token_level_rewards, response_mask, trajectory_uids, step_indices, fn)
     step_values = token_matrix(values, "values", rewards.shape, fn)[:, 0]
     inputs = CreditInputs(step_rewards=layout.steps(row_sums(rewards, mask)),
                           step_values=layout.steps(step_values), mask=layout.mask)
-    out = registry.apply("step_gae", inputs, {"gamma": float(gamma), "lam": float(lam)})
+    out = registry.apply("step_gae", inputs, {"gamma": gamma, "lam": lam})
     advantages = normalize.masked_whiten(out.advantages, jnp.asarray(layout.mask))
     return (like(broadcast(layout.rows(advantages), mask), token_level_rewards),
             like(broadcast(layout.rows(out.returns), mask), token_level_rewards))
@@ -92,6 +95,8 @@ def compute_token_gae_advantage_return(token_level_rewards, values, response_mas
       `(advantages, returns)`, `(bs, response_length)`.
     """
     fn = "compute_token_gae_advantage_return"
+    gamma = number(fn, "gamma", gamma)
+    lam = number(fn, "lam", lam)
     rewards, mask, layout = _layout(token_level_rewards, response_mask, trajectory_uids, step_indices, fn)
     values = token_matrix(values, "values", rewards.shape, fn)
     length = rewards.shape[1]
@@ -102,7 +107,7 @@ def compute_token_gae_advantage_return(token_level_rewards, values, response_mas
 
     inputs = CreditInputs(token_rewards=chained(rewards, 0.0), token_values=chained(values, 0.0),
                           action_mask=chained(mask, False))
-    out = registry.apply("token_gae", inputs, {"gamma": float(gamma), "lam": float(lam)})
+    out = registry.apply("token_gae", inputs, {"gamma": gamma, "lam": lam})
 
     def unchained(x):
         return x.reshape(layout.count, layout.length, length)[layout.traj, layout.step]
@@ -133,10 +138,12 @@ def compute_grpo_outcome_advantage(token_level_rewards, response_mask, index, tr
     Returns:
       `(advantages, returns)`, the same `(bs, response_length)` values.
     """
+    fn = "compute_grpo_outcome_advantage"
+    epsilon = number(fn, "epsilon", epsilon)
     totals, groups, traj, mask = _trajectory_scores(token_level_rewards, response_mask, index,
-                                                    trajectory_uids, "compute_grpo_outcome_advantage")
+                                                    trajectory_uids, fn)
     advantages = registry.apply("grpo", CreditInputs(scores=totals, group_ids=groups),
-                                {"eps": float(epsilon), "singleton": "raw",
+                                {"eps": epsilon, "singleton": "raw",
                                  "std": "unbiased" if norm_adv_by_std_in_grpo else "none"}).advantages
     out = like(broadcast(advantages[traj], mask), token_level_rewards)
     return out, out
@@ -183,9 +190,10 @@ def compute_step_discounted_returns(token_level_rewards, response_mask, trajecto
       `(bs,)` returns, the rewards' type.
     """
     fn = "compute_step_discounted_returns"
+    gamma = number(fn, "gamma", gamma)
     rewards, mask, layout = _layout(token_level_rewards, response_mask, trajectory_uids, step_indices, fn)
     returns = gae.discounted_returns(layout.steps(row_sums(rewards, mask)), layout.mask,
-                                     gamma=float(gamma))
+                                     gamma=gamma)
     return like(layout.rows(returns), token_level_rewards)
 
 
@@ -206,19 +214,21 @@ def compute_gigpo_outcome_advantage(token_level_rewards, step_rewards, response_
       `(advantages, returns)`, the same `(bs, response_length)` values.
     """
     fn = "compute_gigpo_outcome_advantage"
+    epsilon = number(fn, "epsilon", epsilon)
+    step_advantage_w = number(fn, "step_advantage_w", step_advantage_w)
     if mode not in ("mean_norm", "mean_std_norm"):
         raise ValueError(f"{fn}: mode={mode!r}; it must be 'mean_norm' or 'mean_std_norm'")
     rule = "std" if mode == "mean_std_norm" else "mean"
     totals, groups, traj, mask = _trajectory_scores(token_level_rewards, response_mask, index,
                                                     trajectory_uids, fn)
     episode = normalize_by_members(totals, groups, np.arange(totals.shape[0]), rule=rule,
-                                   eps=float(epsilon))[traj]
+                                   eps=epsilon)[traj]
     size = mask.shape[0]
     scores = row_vector(step_rewards, "step_rewards", size, fn)
     step_groups = verl_agent.build_step_group(anchor_obs, index, enable_similarity, similarity_thresh)
     step = normalize_by_members(scores, dense(step_groups, "step groups", size), np.arange(size),
-                                rule=rule, eps=float(epsilon), singleton="zero")
-    out = like(broadcast(episode + float(step_advantage_w) * step, mask), token_level_rewards)
+                                rule=rule, eps=epsilon, singleton="zero")
+    out = like(broadcast(episode + step_advantage_w * step, mask), token_level_rewards)
     return out, out
 
 

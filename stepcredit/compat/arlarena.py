@@ -30,6 +30,7 @@ from stepcredit.compat._arrays import (
     host,
     like,
     normalize_by_members,
+    number,
     read,
     row_sums,
     step_indices,
@@ -54,13 +55,15 @@ def compute_grpo_outcome_advantage(token_level_rewards, response_mask, index, tr
     Returns:
       `(advantages, returns)`, the same `(bs, response_length)` values.
     """
-    rewards, mask = token_rows(token_level_rewards, response_mask, "compute_grpo_outcome_advantage")
+    fn = "compute_grpo_outcome_advantage"
+    epsilon = number(fn, "epsilon", epsilon)
+    rewards, mask = token_rows(token_level_rewards, response_mask, fn)
     size = rewards.shape[0]
     scores = row_sums(rewards, None)
     groups = dense(index, "index", size)
     rule = "std" if norm_adv_by_std_in_grpo else "mean"
     if compute_mean_std_cross_steps:
-        advantages = normalize_by_members(scores, groups, np.arange(size), rule=rule, eps=float(epsilon))
+        advantages = normalize_by_members(scores, groups, np.arange(size), rule=rule, eps=epsilon)
     else:
         traj = dense(traj_index, "traj_index", size)
         pairs = trajectory_pairs(groups, traj)
@@ -68,7 +71,7 @@ def compute_grpo_outcome_advantage(token_level_rewards, response_mask, index, tr
         means = (jnp.zeros(count).at[pairs].add(scores)
                  / jnp.maximum(jnp.zeros(count).at[pairs].add(1.0), 1.0))
         first = first_rows(pairs)
-        advantages = normalize_by_members(scores, groups, first, means, rule=rule, eps=float(epsilon))
+        advantages = normalize_by_members(scores, groups, first, means, rule=rule, eps=epsilon)
     out = like(broadcast(advantages, mask), token_level_rewards)
     return out, out
 
@@ -121,6 +124,9 @@ def compute_EMPG_advantage(batch, k=1.0, k_f=1.0, zeta=0.05):  # noqa: N802 (ARL
       `(advantages, returns)`, the same `(bs, response_length)` values.
     """
     fn = "compute_EMPG_advantage"
+    k = number(fn, "k", k)
+    k_f = number(fn, "k_f", k_f)
+    zeta = number(fn, "zeta", zeta)
     advantages = read(batch, "advantages", fn)
     values, mask = token_rows(advantages, read(batch, "response_mask", fn), fn, name="advantages")
     size = values.shape[0]
@@ -133,8 +139,8 @@ def compute_EMPG_advantage(batch, k=1.0, k_f=1.0, zeta=0.05):  # noqa: N802 (ARL
     base = values[jnp.arange(size), first_token]
     inputs = CreditInputs(base_advantages=layout.steps(base), entropy=layout.steps(step_entropy),
                           mask=layout.mask)
-    modulated = registry.apply("empg", inputs, {"k": float(k), "k_future": float(k_f),
-                                                "zeta": float(zeta)}).advantages
+    modulated = registry.apply("empg", inputs, {"k": k, "k_future": k_f,
+                                                "zeta": zeta}).advantages
     out = like(broadcast(layout.rows(modulated), mask), advantages)
     return out, out
 

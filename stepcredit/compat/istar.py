@@ -41,6 +41,7 @@ from stepcredit.compat._arrays import (
     host,
     like,
     normalize_by_members,
+    number,
     read,
     row_sums,
     step_indices,
@@ -106,12 +107,14 @@ def compute_istar_rloo_advantage(data, step_advantage_w=1.0, use_process_only=Fa
     Returns:
       `(advantages, returns)`, the same `(bs, response_length)` values.
     """
-    rows = _Rows(data, "compute_istar_rloo_advantage", step_baseline, step_key)
+    fn = "compute_istar_rloo_advantage"
+    step_advantage_w = number(fn, "step_advantage_w", step_advantage_w)
+    rows = _Rows(data, fn, step_baseline, step_key)
     step = normalize_by_members(rows.step, rows.groups, rows.step_members, rule="rloo")
     if use_process_only:
         return rows.out(step)
     episode = normalize_by_members(rows.episode, rows.groups, rows.members, rule="rloo")
-    return rows.out(episode + float(step_advantage_w) * step)
+    return rows.out(episode + step_advantage_w * step)
 
 
 def compute_istar_grpo_advantage(data, step_advantage_w=1.0, epsilon=1e-6, mode="mean_norm",
@@ -122,13 +125,15 @@ def compute_istar_grpo_advantage(data, step_advantage_w=1.0, epsilon=1e-6, mode=
       `(advantages, returns)`, the same `(bs, response_length)` values.
     """
     fn = "compute_istar_grpo_advantage"
+    epsilon = number(fn, "epsilon", epsilon)
+    step_advantage_w = number(fn, "step_advantage_w", step_advantage_w)
     if mode not in ("mean_norm", "mean_std_norm"):
         raise ValueError(f"{fn}: mode={mode!r}; it must be 'mean_norm' or 'mean_std_norm'")
     rule = "std" if mode == "mean_std_norm" else "mean"
     rows = _Rows(data, fn, step_baseline, step_key)
-    episode = normalize_by_members(rows.episode, rows.groups, rows.members, rule=rule, eps=float(epsilon))
-    step = normalize_by_members(rows.step, rows.groups, rows.step_members, rule=rule, eps=float(epsilon))
-    return rows.out(episode + float(step_advantage_w) * step)
+    episode = normalize_by_members(rows.episode, rows.groups, rows.members, rule=rule, eps=epsilon)
+    step = normalize_by_members(rows.step, rows.groups, rows.step_members, rule=rule, eps=epsilon)
+    return rows.out(episode + step_advantage_w * step)
 
 
 def compute_istar_reinforce_plus_baseline_advantage(data, step_advantage_w=1.0,
@@ -139,13 +144,15 @@ def compute_istar_reinforce_plus_baseline_advantage(data, step_advantage_w=1.0,
     Returns:
       `(advantages, returns)`, the same `(bs, response_length)` values.
     """
-    rows = _Rows(data, "compute_istar_reinforce_plus_baseline_advantage", step_baseline, step_key)
+    fn = "compute_istar_reinforce_plus_baseline_advantage"
+    step_advantage_w = number(fn, "step_advantage_w", step_advantage_w)
+    rows = _Rows(data, fn, step_baseline, step_key)
 
     def whitened(scores, members):
         centred = broadcast(normalize_by_members(scores, rows.groups, members, rule="mean"), rows.mask)
         return normalize.masked_whiten(centred, rows.mask)
 
-    total = whitened(rows.episode, rows.members) + float(step_advantage_w) * whitened(
+    total = whitened(rows.episode, rows.members) + step_advantage_w * whitened(
         rows.step, rows.step_members)
     out = like(jnp.where(rows.mask, total, 0.0), rows.reference)
     return out, out
@@ -158,8 +165,10 @@ def process_outcome_combined_advantage(data, step_advantage_w=1.0, step_baseline
     Returns:
       `(advantages, returns)`, the same `(bs, response_length)` values.
     """
-    rows = _Rows(data, "process_outcome_combined_advantage", step_baseline, step_key)
-    merged = rows.episode + float(step_advantage_w) * rows.step
+    fn = "process_outcome_combined_advantage"
+    step_advantage_w = number(fn, "step_advantage_w", step_advantage_w)
+    rows = _Rows(data, fn, step_baseline, step_key)
+    merged = rows.episode + step_advantage_w * rows.step
     return rows.out(normalize_by_members(merged, rows.groups, rows.members, rule="rloo"))
 
 

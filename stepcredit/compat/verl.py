@@ -44,6 +44,7 @@ from stepcredit.compat._arrays import (
     broadcast,
     dense,
     like,
+    number,
     read,
     row_sums,
     setting,
@@ -82,10 +83,12 @@ def compute_gae_advantage_return(token_level_rewards, values, response_mask, gam
       `(advantages, returns)`, `(bs, response_length)`.
     """
     fn = "compute_gae_advantage_return"
+    gamma = number(fn, "gamma", gamma)
+    lam = number(fn, "lam", lam)
     rewards, mask = token_rows(token_level_rewards, response_mask, fn)
     inputs = CreditInputs(token_rewards=rewards, action_mask=mask,
                           token_values=token_matrix(values, "values", rewards.shape, fn))
-    out = registry.apply("token_gae", inputs, {"gamma": float(gamma), "lam": float(lam)})
+    out = registry.apply("token_gae", inputs, {"gamma": gamma, "lam": lam})
     advantages = normalize.masked_whiten(out.advantages, mask)
     return like(advantages, token_level_rewards), like(out.returns, token_level_rewards)
 
@@ -109,9 +112,11 @@ def compute_grpo_outcome_advantage(token_level_rewards, response_mask, index, ep
     References:
       Shao et al., arXiv 2402.03300.
     """
-    rewards, mask = token_rows(token_level_rewards, response_mask, "compute_grpo_outcome_advantage")
+    fn = "compute_grpo_outcome_advantage"
+    epsilon = number(fn, "epsilon", epsilon)
+    rewards, mask = token_rows(token_level_rewards, response_mask, fn)
     advantages = _grouped("grpo", row_sums(rewards, None), index, rewards.shape[0],
-                          eps=float(epsilon), singleton="raw",
+                          eps=epsilon, singleton="raw",
                           std="unbiased" if norm_adv_by_std_in_grpo else "none")
     out = like(broadcast(advantages, mask), token_level_rewards)
     return out, out
@@ -200,7 +205,7 @@ def compute_reinforce_plus_plus_outcome_advantage(token_level_rewards, response_
         raise ValueError(f"{fn}: config has no gamma; pass verl's AlgoConfig (or {{'gamma': ...}})")
     rewards, mask = token_rows(token_level_rewards, response_mask, fn)
     returns = registry.apply("reinforce_pp", CreditInputs(token_rewards=rewards, action_mask=mask),
-                             {"gamma": float(gamma),
+                             {"gamma": number(fn, "gamma", gamma),
                               "masked": observation_spans or observation_span_rule()}).advantages
     advantages = normalize.masked_whiten(returns, mask)
     return like(advantages, token_level_rewards), like(returns, token_level_rewards)

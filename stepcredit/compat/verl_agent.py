@@ -42,6 +42,7 @@ from stepcredit.compat._arrays import (
     like,
     mask_rows,
     normalize_by_members,
+    number,
     read,
     row_sums,
     row_vector,
@@ -71,10 +72,12 @@ def compute_gae_advantage_return(token_level_rewards, values, response_mask, gam
       `(advantages, returns)`, `(bs, response_length)`.
     """
     fn = "compute_gae_advantage_return"
+    gamma = number(fn, "gamma", gamma)
+    lam = number(fn, "lam", lam)
     rewards, mask = token_rows(token_level_rewards, response_mask, fn)
     inputs = CreditInputs(token_rewards=rewards, action_mask=jnp.ones_like(mask),
                           token_values=token_matrix(values, "values", rewards.shape, fn))
-    out = registry.apply("token_gae", inputs, {"gamma": float(gamma), "lam": float(lam)})
+    out = registry.apply("token_gae", inputs, {"gamma": gamma, "lam": lam})
     advantages = normalize.masked_whiten(out.advantages, mask)
     return like(advantages, token_level_rewards), like(out.returns, token_level_rewards)
 
@@ -94,11 +97,13 @@ def compute_grpo_outcome_advantage(token_level_rewards, response_mask, index, tr
     Returns:
       `(advantages, returns)`, the same `(bs, response_length)` values.
     """
-    rewards, mask = token_rows(token_level_rewards, response_mask, "compute_grpo_outcome_advantage")
+    fn = "compute_grpo_outcome_advantage"
+    epsilon = number(fn, "epsilon", epsilon)
+    rewards, mask = token_rows(token_level_rewards, response_mask, fn)
     groups, members = _members(index, traj_index, rewards.shape[0], compute_mean_std_cross_steps)
     advantages = normalize_by_members(row_sums(rewards, None), groups, members,
                                       rule="std" if norm_adv_by_std_in_grpo else "mean",
-                                      eps=float(epsilon))
+                                      eps=epsilon)
     out = like(broadcast(advantages, mask), token_level_rewards)
     return out, out
 
@@ -143,10 +148,12 @@ def compute_reinforce_plus_plus_outcome_advantage(token_level_rewards, response_
     Returns:
       `(advantages, returns)`: whitened G and G on the valid tokens, 0 off them.
     """
+    fn = "compute_reinforce_plus_plus_outcome_advantage"
+    gamma = number(fn, "gamma", gamma)
     rewards, mask = token_rows(token_level_rewards, response_mask,
-                               "compute_reinforce_plus_plus_outcome_advantage")
+                               fn)
     returns = registry.apply("reinforce_pp", CreditInputs(token_rewards=rewards, action_mask=mask),
-                             {"gamma": float(gamma), "masked": "reset"}).advantages
+                             {"gamma": gamma, "masked": "reset"}).advantages
     advantages = normalize.masked_whiten(returns, mask)
     return like(advantages, token_level_rewards), like(returns, token_level_rewards)
 
@@ -165,6 +172,7 @@ def compute_step_discounted_returns(batch, gamma):
       device when the batch holds tensors, else a NumPy array.
     """
     fn = "compute_step_discounted_returns"
+    gamma = number(fn, "gamma", gamma)
     rewards = host(read(batch, "rewards", fn)).astype(np.float32).reshape(-1)
     size = rewards.shape[0]
     active = host(read(batch, "active_masks", fn)).astype(np.float32).reshape(-1)
@@ -176,7 +184,7 @@ def compute_step_discounted_returns(batch, gamma):
                          f"is inactive (active_masks 0); verl-agent's rows must all be active")
     layout = StepLayout(read(batch, "traj_uid", fn), None, size, fn, traj_name="traj_uid")
     returns = gae.discounted_returns(layout.steps(jnp.asarray(rewards)), layout.mask,
-                                     gamma=float(gamma))
+                                     gamma=gamma)
     out = layout.rows(returns)
     input_ids = read(batch, "input_ids", fn, required=False)
     if input_ids is not None and is_torch(input_ids):
@@ -225,6 +233,7 @@ def build_step_group(anchor_obs, index, enable_similarity=False, similarity_thre
       is accepted and ignored (verl-agent prints a histogram).
     """
     fn = "build_step_group"
+    similarity_thresh = number(fn, "similarity_thresh", similarity_thresh)
     size = len(index)
     if len(anchor_obs) != size:
         raise ValueError(f"{fn}: anchor_obs has {len(anchor_obs)} entries but index has {size} "
@@ -238,7 +247,7 @@ def build_step_group(anchor_obs, index, enable_similarity=False, similarity_thre
     out = np.empty(size, dtype=object)
     for group in range(int(groups.max(initial=-1)) + 1):
         rows = np.flatnonzero(groups == group)
-        ids = (_similar_ids(observations, rows, float(similarity_thresh)) if enable_similarity
+        ids = (_similar_ids(observations, rows, similarity_thresh) if enable_similarity
                else _hashable_ids(observations, rows))
         out[rows] = [f"{group}:{cluster}" for cluster in ids]
     return out
@@ -266,11 +275,12 @@ def step_norm_reward(step_rewards, response_mask, index, epsilon=1e-6, remove_st
       `(bs, response_length)` advantages.
     """
     fn = "step_norm_reward"
+    epsilon = number(fn, "epsilon", epsilon)
     mask = mask_rows(response_mask, fn)
     size = mask.shape[0]
     scores = row_vector(step_rewards, "step_rewards", size, fn)
     advantages = normalize_by_members(scores, dense(index, "index", size), np.arange(size),
-                                      rule="mean" if remove_std else "std", eps=float(epsilon),
+                                      rule="mean" if remove_std else "std", eps=epsilon,
                                       singleton="zero")
     return like(broadcast(advantages, mask), step_rewards)
 
@@ -295,6 +305,7 @@ def compute_gigpo_outcome_advantage(token_level_rewards, step_rewards, response_
       `(advantages, returns)`, the same `(bs, response_length)` values.
     """
     fn = "compute_gigpo_outcome_advantage"
+    step_advantage_w = number(fn, "step_advantage_w", step_advantage_w)
     if mode not in ("mean_norm", "mean_std_norm"):
         raise ValueError(f"{fn}: mode={mode!r}; it must be 'mean_norm' or 'mean_std_norm'")
     remove_std = mode == "mean_norm"
@@ -303,7 +314,7 @@ def compute_gigpo_outcome_advantage(token_level_rewards, step_rewards, response_
     episode = episode_norm_reward(rewards, mask, index, traj_index, epsilon, remove_std)
     step_groups = build_step_group(anchor_obs, index, enable_similarity, similarity_thresh)
     step = step_norm_reward(host(step_rewards), mask, step_groups, epsilon, remove_std)
-    out = like(jnp.asarray(episode) + float(step_advantage_w) * jnp.asarray(step), token_level_rewards)
+    out = like(jnp.asarray(episode) + step_advantage_w * jnp.asarray(step), token_level_rewards)
     return out, out
 
 

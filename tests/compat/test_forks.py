@@ -1,10 +1,12 @@
 """The agentic forks' call signatures against loops written from their conventions."""
 
+import re
+
 import numpy as np
 import pytest
 
 from stepcredit.compat import agent_r1, arlarena, istar, verl_agent
-from tests.compat.batches import Batch, as_input, as_output, close, step_rows
+from tests.compat.batches import Batch, as_input, as_output, close, step_rows, torch
 from tests.reference import forks as reference
 
 # ---------------------------------------------------------------- verl-agent
@@ -136,6 +138,26 @@ def test_agent_r1_gigpo_and_step_returns(kind):
     close(as_output(kind, advantages),
           reference.agent_r1_gigpo(d["rewards"], step_rewards, d["mask"], d["anchors"], d["index"],
                                    d["traj"]), atol=1e-4)
+
+
+@pytest.mark.parametrize("bad, said", [("x", "gamma='x'; it must be a number"),
+                                       (None, "gamma=None; it must be a number"),
+                                       (True, "gamma=True; it must be a number"),
+                                       (np.array([0.9, 0.8]), "gamma=array"),
+                                       (float("nan"), "gamma=nan; it must be finite")])
+def test_a_hyperparameter_that_is_not_a_number_is_named(bad, said):
+    d = step_rows(0)
+    args = (d["rewards"], d["values"], d["mask"], d["traj"], d["step"])
+    with pytest.raises(ValueError, match=re.escape(f"compute_gae_advantage_return: {said}")):
+        agent_r1.compute_gae_advantage_return(*args, gamma=bad, lam=1.0)
+    said = said.replace("gamma", "epsilon")
+    with pytest.raises(ValueError, match=re.escape(f"compute_grpo_outcome_advantage: {said}")):
+        verl_agent.compute_grpo_outcome_advantage(d["rewards"], d["mask"], d["index"], d["traj"],
+                                                  epsilon=bad)
+    # A config's string, as YAML reads "1e-6", and a one-element tensor are numbers.
+    expected = agent_r1.compute_gae_advantage_return(*args, gamma=0.9, lam=1.0)
+    close(agent_r1.compute_gae_advantage_return(*args, gamma="0.9", lam=torch.tensor(1.0))[0],
+          expected[0])
 
 
 def test_agent_r1_rejects_a_gap_in_step_indices():
