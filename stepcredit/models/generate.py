@@ -33,6 +33,7 @@ from flax import nnx
 
 from stepcredit.models.sharing import SharedRows, prefill_passes
 from stepcredit.models.transformer import (
+    check_rows,
     init_cache,
     positions_from_mask,
     token_logprobs_and_entropy,
@@ -117,8 +118,10 @@ def generate(graphdef: nnx.GraphDef, state: nnx.State, prompt_tokens: jax.Array,
       A `Generation`.
 
     Raises:
-      ValueError: `choice_markers` with `max_new_tokens` > 1.
+      ValueError: `choice_markers` with `max_new_tokens` > 1, or prompts and mask that
+        are not `[B, P]` of one shape (TypeError: ids that are not integers).
     """
+    check_rows("generate", "prompt_tokens", prompt_tokens, prompt_mask=prompt_mask)
     if choice_markers and max_new_tokens != 1:
         raise ValueError(f"generate: choice_markers choose one label, so max_new_tokens must be "
                          f"1, got {max_new_tokens}")

@@ -45,6 +45,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from stepcredit.advantages import _checks
 from stepcredit.models.sharing import SharedRows
 from stepcredit.models.tokenizer import MAX_CHOICES
 
@@ -520,6 +521,16 @@ def _token_values(values: jax.Array, has_prev: jax.Array) -> jax.Array:
     return jnp.where(has_prev, jnp.roll(values, 1, axis=1), 0.0).astype(jnp.float32)
 
 
+def check_rows(fn: str, tokens_name: str, tokens, **masks) -> None:
+    """Raises one line naming `fn` and the argument unless `tokens` holds `[B, L]` integer
+    ids and every array of `masks` (by its argument's name) is a `[B, L]` bool or 0/1
+    integer mask of the same shape."""
+    arrays = {tokens_name: _checks.int_array(fn, tokens_name, tokens, rank=2)}
+    for name, x in masks.items():
+        arrays[name] = _checks.bool_array(fn, name, x, rank=2)
+    _checks.same_shape(fn, "[B, L]", **arrays)
+
+
 @jax.jit(static_argnums=0, static_argnames=("choice_markers",))
 def score_rows(graphdef: nnx.GraphDef, state: nnx.State, tokens: jax.Array, mask: jax.Array,
                temperature: float | jax.Array = 1.0,
@@ -544,6 +555,7 @@ def score_rows(graphdef: nnx.GraphDef, state: nnx.State, tokens: jax.Array, mask
     Returns:
       `RowScores` of `[B, L]` arrays (0 where there is no previous real token).
     """
+    check_rows("score_rows", "tokens", tokens, mask=mask)
     mask = mask.astype(bool)
     model = nnx.merge(graphdef, state)
     if choice_markers:
@@ -588,6 +600,7 @@ def score_actions(graphdef: nnx.GraphDef, state: nnx.State, tokens: jax.Array, m
       `RowScores` of `[B, L]` arrays: log-probs, entropies and values equal to
       `score_rows`'s at the action tokens and 0 elsewhere.
     """
+    check_rows("score_actions", "tokens", tokens, mask=mask, action_mask=action_mask)
     mask, action_mask = mask.astype(bool), action_mask.astype(bool)
     model = nnx.merge(graphdef, state)
     batch, length = tokens.shape

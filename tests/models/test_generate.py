@@ -1,5 +1,7 @@
 """Cached generation: token-exact log-probs, cache vs full forward, stopping."""
 
+import re
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -169,6 +171,20 @@ def test_constrained_generation_needs_one_token_actions():
     with pytest.raises(ValueError, match="max_new_tokens must be 1, got 2"):
         generate(GRAPHDEF, STATE, rows.tokens, rows.mask, jax.random.key(0), max_new_tokens=2,
                  eoa_id=EOA, pad_id=PAD, choice_markers=MARKERS)
+
+
+@pytest.mark.parametrize("tokens, mask, said", [
+    (ROWS.tokens[:, 1:], ROWS.mask,
+     "prompt_tokens has shape (3, 7) but prompt_mask has shape (3, 8)"),
+    (ROWS.tokens.astype(np.float32), ROWS.mask, "prompt_tokens has dtype float32"),
+    (ROWS.tokens[0], ROWS.mask[0], "prompt_tokens has shape (8,) (rank 1)"),
+    (ROWS.tokens, ROWS.mask.astype(np.float32), "prompt_mask has dtype float32"),
+])
+@pytest.mark.parametrize("max_new_tokens", [1, M])
+def test_generate_names_prompts_of_the_wrong_shape_or_dtype(tokens, mask, said, max_new_tokens):
+    with pytest.raises((ValueError, TypeError), match=re.escape(f"generate: {said}")):
+        generate(GRAPHDEF, STATE, tokens, mask, jax.random.key(0), max_new_tokens=max_new_tokens,
+                 eoa_id=EOA, pad_id=PAD)
 
 
 def test_one_token_generation_equals_the_first_token_of_cached_generation():

@@ -1,5 +1,7 @@
 """The transformer policy: shapes, causality, padding, value alignment, roles, rows."""
 
+import re
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -97,6 +99,18 @@ def test_score_rows_aligns_logprobs_and_values_with_the_token_they_belong_to():
         first_real = np.flatnonzero(rows.mask[b])[0]
         assert scores.logprobs[b, first_real] == 0 and scores.values[b, first_real] == 0
         assert np.all(scores.logprobs[b][~rows.mask[b]] == 0)
+
+
+def test_scoring_names_rows_of_the_wrong_shape_or_dtype():
+    rows = pack_rows(*TEXT_ROWS, length=L, pad_id=0)
+    with pytest.raises(ValueError, match=re.escape("score_rows: tokens has shape (3, 10) but "
+                                                   "mask has shape (3, 9)")):
+        score_rows(GRAPHDEF, STATE, rows.tokens, rows.mask[:, 1:])
+    with pytest.raises(TypeError, match="score_rows: tokens has dtype float32"):
+        score_rows(GRAPHDEF, STATE, rows.tokens.astype(np.float32), rows.mask)
+    with pytest.raises(ValueError, match=re.escape("score_actions: action_mask has shape (10,) "
+                                                   "(rank 1); it must have rank 2")):
+        score_actions(GRAPHDEF, STATE, rows.tokens, rows.mask, rows.action_mask[0], width=3)
 
 
 SEP = 9   # a stand-in for <sep>: the ids before it label admissible actions
