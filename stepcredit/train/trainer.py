@@ -225,7 +225,9 @@ class Trainer:
         Args:
           resume: continue the run in `config.logdir` from its newest intact
             checkpoint; its saved configuration must match this one except
-            for `RESUMABLE_CHANGES` (the differing fields are named).
+            for `RESUMABLE_CHANGES` (the differing fields are named). Where the
+            directory holds no checkpoint, the run starts at iteration 0 and
+            says so in one line.
           overwrite: replace a run already in `config.logdir` (its metrics,
             configuration, TensorBoard events and checkpoints). Without
             `resume` or `overwrite`, a directory holding a run is refused.
@@ -242,8 +244,12 @@ class Trainer:
             self._check_logdir(resume=resume, overwrite=overwrite)
         os.makedirs(config.logdir, exist_ok=True)
         start = self.restore() if resume else 0
-        logs = (MetricsLogger(config.logdir, resume_from=start if resume else None,
-                              note=self.log)
+        if resume and start == 0:
+            # A run killed before its first checkpoint, or a mistyped --logdir: either way it
+            # starts over, and the metrics of iterations it will redo go.
+            self.log(f"--resume: {config.logdir} holds no checkpoint; the run starts at "
+                     "iteration 0")
+        logs = (MetricsLogger(config.logdir, resume_from=start or None, note=self.log)
                 if self.primary else contextlib.nullcontext(_NoMetrics()))
         with logs as logger:
             if start == 0 and (config.warm_start_steps or config.eval_every):
