@@ -326,6 +326,10 @@ def test_save_trajectories_names_a_bad_step_and_writes_nothing(tmp_path, ext):
         ([Trajectory(steps=[good]), Trajectory(steps=[StepRecord([1], [2], [-0.1], 0.0, done=True),
                                                       good])],
          r"trajectories\[1\]\.steps\[0\], field 'done': is true on step 0"),
+        # Checked a batch at a time: the row is named within its own trajectory.
+        ([Trajectory(steps=[good, StepRecord([1], [2], [-0.1], 1.0, done=True)])] * 3
+         + [Trajectory(steps=[good, good, StepRecord([1], [2], [-0.1], float("inf"), done=True)])],
+         r"trajectories\[3\]\.steps\[2\], field 'reward': inf is not finite"),
         ([Trajectory(steps=[StepRecord([1], [2], [-0.1], 0.0, info={"x": np.zeros(2)})])],
          r"trajectories\[0\]: Object of type ndarray is not JSON serializable"),
     ]
