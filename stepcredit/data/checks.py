@@ -93,7 +93,7 @@ def canonical_records(records: list[dict], start: int) -> pa.Table:
         if missing:
             raise RecordError(start + offset, missing[0], "missing field")
         row = {name: record.get(name) for name in schema.FIELDS}
-        for name in ("trajectory_id", "group_id", "anchor"):
+        for name in schema.ID_FIELDS:
             value = row[name]
             if isinstance(value, int) and not isinstance(value, bool):
                 row[name] = str(value)

@@ -89,3 +89,6 @@ KIND = {
     "reward": "float", "value": "float", "score": "float", "bootstrap_value": "float",
     "entropy": "float", "done": "bool", "truncated": "bool", "metadata": "json",
 }
+
+ID_FIELDS = tuple(name for name in FIELDS if KIND[name] == "id")
+"""The fields that hold a string or an integer id (an integer is read as its decimal string)."""

@@ -154,7 +154,8 @@ def load(source, *, batch_rows: int = BATCH_ROWS):
     """Validates `source` and returns it as a `datasets.Dataset` with the schema's features.
 
     Columns outside the schema are kept; schema columns are cast to their
-    types (integer ids and anchors become their decimal strings).
+    types (integer ids and anchors become their decimal strings, also in a
+    column that mixes them with string ids).
     """
     import datasets
 
@@ -166,6 +167,18 @@ def load(source, *, batch_rows: int = BATCH_ROWS):
     else:
         builder = "json" if is_jsonl(source) else "parquet"
         dataset = datasets.load_dataset(builder, data_files=os.fspath(source), split="train")
+    # `datasets` keeps a JSON column that mixes integers and strings as JSON text (the
+    # `Json` feature of datasets >= 5), which a cast to strings would leave quoted ('"a"'):
+    # such id columns are decoded and given the ids' strings, as `iter_batches` reads them.
+    mixed = [name for name in schema.ID_FIELDS
+             if isinstance(dataset.features.get(name), getattr(datasets, "Json", ()))]
+    if mixed:
+        dataset = dataset.map(
+            lambda batch: {name: [None if v is None else str(v) for v in batch[name]]
+                           for name in mixed},
+            batched=True, batch_size=batch_rows,
+            features=datasets.Features({**dataset.features,
+                                        **{name: schema.FEATURES[name] for name in mixed}}))
     features = dataset.features.copy()
     for name in dataset.column_names:
         if name in schema.FEATURES:

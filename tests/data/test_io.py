@@ -156,3 +156,18 @@ def test_integer_ids_and_anchors_become_strings(tmp_path):
     assert dataset[0]["anchor"] == "42"
     assert isinstance(load_trajectories(datasets.Dataset.from_list([_row(group="5", anchor="x")]))[0]
                       .steps[0].anchor, int)
+
+
+def test_a_column_mixing_integer_and_string_ids_loads_as_the_ids_strings(tmp_path):
+    """`datasets` keeps such a column as JSON text; `load` gives what `iter_batches` reads."""
+    rows = [_row(7, group=1, anchor=42), _row("b", group="h", anchor="kitchen", extra_field=3),
+            _row(8, group=1)]
+    path = _jsonl(tmp_path / "mixed.jsonl", rows)
+    dataset = load(path)
+    assert dataset["trajectory_id"] == ["7", "b", "8"]
+    assert dataset["group_id"] == ["1", "h", "1"]
+    assert dataset["anchor"] == ["42", "kitchen", None]
+    assert dataset.features["anchor"] == FEATURES["anchor"]
+    assert dataset["extra_field"] == [None, 3, None]
+    read = [i for batch in iter_batches(path) for i in batch.table.column("group_id").to_pylist()]
+    assert dataset["group_id"] == read
