@@ -9,6 +9,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 
@@ -225,12 +226,15 @@ def number(fn: str, name: str, value) -> float:
     tensors and numeric strings (YAML reads "1e-6" as a string); a bool, None
     or an array of several elements is refused, as is a NaN or an infinity.
     """
+    if isinstance(value, jax.core.Tracer):
+        raise ValueError(f"{fn}: {name} is traced (the adapters run outside jax.jit); pass a "
+                         "number")
     try:
         array = host(value)
         if array.size != 1 or array.dtype == bool:
             raise TypeError
         out = float(array.reshape(()).item())
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, OverflowError):
         raise ValueError(f"{fn}: {name}={value!r}; it must be a number") from None
     if not math.isfinite(out):
         raise ValueError(f"{fn}: {name}={out}; it must be finite")

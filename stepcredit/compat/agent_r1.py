@@ -216,6 +216,8 @@ def compute_gigpo_outcome_advantage(token_level_rewards, step_rewards, response_
     fn = "compute_gigpo_outcome_advantage"
     epsilon = number(fn, "epsilon", epsilon)
     step_advantage_w = number(fn, "step_advantage_w", step_advantage_w)
+    if enable_similarity:
+        similarity_thresh = number(fn, "similarity_thresh", similarity_thresh)
     if mode not in ("mean_norm", "mean_std_norm"):
         raise ValueError(f"{fn}: mode={mode!r}; it must be 'mean_norm' or 'mean_std_norm'")
     rule = "std" if mode == "mean_std_norm" else "mean"

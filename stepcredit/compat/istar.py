@@ -108,11 +108,11 @@ def compute_istar_rloo_advantage(data, step_advantage_w=1.0, use_process_only=Fa
       `(advantages, returns)`, the same `(bs, response_length)` values.
     """
     fn = "compute_istar_rloo_advantage"
-    step_advantage_w = number(fn, "step_advantage_w", step_advantage_w)
     rows = _Rows(data, fn, step_baseline, step_key)
     step = normalize_by_members(rows.step, rows.groups, rows.step_members, rule="rloo")
     if use_process_only:
         return rows.out(step)
+    step_advantage_w = number(fn, "step_advantage_w", step_advantage_w)
     episode = normalize_by_members(rows.episode, rows.groups, rows.members, rule="rloo")
     return rows.out(episode + step_advantage_w * step)
 

@@ -150,8 +150,7 @@ def compute_reinforce_plus_plus_outcome_advantage(token_level_rewards, response_
     """
     fn = "compute_reinforce_plus_plus_outcome_advantage"
     gamma = number(fn, "gamma", gamma)
-    rewards, mask = token_rows(token_level_rewards, response_mask,
-                               fn)
+    rewards, mask = token_rows(token_level_rewards, response_mask, fn)
     returns = registry.apply("reinforce_pp", CreditInputs(token_rewards=rewards, action_mask=mask),
                              {"gamma": gamma, "masked": "reset"}).advantages
     advantages = normalize.masked_whiten(returns, mask)
@@ -233,7 +232,6 @@ def build_step_group(anchor_obs, index, enable_similarity=False, similarity_thre
       is accepted and ignored (verl-agent prints a histogram).
     """
     fn = "build_step_group"
-    similarity_thresh = number(fn, "similarity_thresh", similarity_thresh)
     size = len(index)
     if len(anchor_obs) != size:
         raise ValueError(f"{fn}: anchor_obs has {len(anchor_obs)} entries but index has {size} "
@@ -241,8 +239,10 @@ def build_step_group(anchor_obs, index, enable_similarity=False, similarity_thre
     observations = np.empty(size, dtype=object)  # one observation per row, whatever its shape
     for row, observation in enumerate(anchor_obs):
         observations[row] = observation
-    if enable_similarity and not 0.0 < similarity_thresh < 1.0:
-        raise ValueError(f"{fn}: similarity_thresh={similarity_thresh}; it must lie in (0, 1)")
+    if enable_similarity:  # read only when clustering (verl-agent's default 0.95 stays unused)
+        similarity_thresh = number(fn, "similarity_thresh", similarity_thresh)
+        if not 0.0 < similarity_thresh < 1.0:
+            raise ValueError(f"{fn}: similarity_thresh={similarity_thresh}; it must lie in (0, 1)")
     groups = dense(index, "index", size)
     out = np.empty(size, dtype=object)
     for group in range(int(groups.max(initial=-1)) + 1):
@@ -305,7 +305,10 @@ def compute_gigpo_outcome_advantage(token_level_rewards, step_rewards, response_
       `(advantages, returns)`, the same `(bs, response_length)` values.
     """
     fn = "compute_gigpo_outcome_advantage"
+    epsilon = number(fn, "epsilon", epsilon)
     step_advantage_w = number(fn, "step_advantage_w", step_advantage_w)
+    if enable_similarity:
+        similarity_thresh = number(fn, "similarity_thresh", similarity_thresh)
     if mode not in ("mean_norm", "mean_std_norm"):
         raise ValueError(f"{fn}: mode={mode!r}; it must be 'mean_norm' or 'mean_std_norm'")
     remove_std = mode == "mean_norm"

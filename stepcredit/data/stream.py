@@ -155,7 +155,7 @@ def load(source, *, batch_rows: int = BATCH_ROWS):
 
     Columns outside the schema are kept; schema columns are cast to their
     types (integer ids and anchors become their decimal strings, also in a
-    column that mixes them with string ids).
+    JSONL column that mixes them with string ids).
     """
     import datasets
 
@@ -167,11 +167,13 @@ def load(source, *, batch_rows: int = BATCH_ROWS):
     else:
         builder = "json" if is_jsonl(source) else "parquet"
         dataset = datasets.load_dataset(builder, data_files=os.fspath(source), split="train")
-    # `datasets` keeps a JSON column that mixes integers and strings as JSON text (the
+    # `datasets` reads a JSONL column that mixes integers and strings as JSON text (the
     # `Json` feature of datasets >= 5), which a cast to strings would leave quoted ('"a"'):
-    # such id columns are decoded and given the ids' strings, as `iter_batches` reads them.
+    # such id columns are decoded and given the ids' strings, as `iter_batches` reads the
+    # file. (A dataset or Parquet file that stores JSON text is read as that text by both.)
+    jsonl = is_jsonl(source)
     mixed = [name for name in schema.ID_FIELDS
-             if isinstance(dataset.features.get(name), getattr(datasets, "Json", ()))]
+             if jsonl and isinstance(dataset.features.get(name), getattr(datasets, "Json", ()))]
     if mixed:
         dataset = dataset.map(
             lambda batch: {name: [None if v is None else str(v) for v in batch[name]]

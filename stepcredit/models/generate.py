@@ -119,7 +119,8 @@ def generate(graphdef: nnx.GraphDef, state: nnx.State, prompt_tokens: jax.Array,
 
     Raises:
       ValueError: `choice_markers` with `max_new_tokens` > 1, or prompts and mask that
-        are not `[B, P]` of one shape (TypeError: ids that are not integers).
+        are not `[B, P]` of one shape.
+      TypeError: ids that are not integers, or a mask neither bool nor 0/1 integers.
     """
     check_rows("generate", "prompt_tokens", prompt_tokens, prompt_mask=prompt_mask)
     if choice_markers and max_new_tokens != 1:

@@ -226,8 +226,8 @@ class Trainer:
           resume: continue the run in `config.logdir` from its newest intact
             checkpoint; its saved configuration must match this one except
             for `RESUMABLE_CHANGES` (the differing fields are named). Where the
-            directory holds no checkpoint, the run starts at iteration 0 and
-            says so in one line.
+            directory holds no intact checkpoint, the run starts at iteration
+            0 and says so in one line.
           overwrite: replace a run already in `config.logdir` (its metrics,
             configuration, TensorBoard events and checkpoints). Without
             `resume` or `overwrite`, a directory holding a run is refused.
@@ -247,8 +247,8 @@ class Trainer:
         if resume and start == 0:
             # A run killed before its first checkpoint, or a mistyped --logdir: either way it
             # starts over, and the metrics of iterations it will redo go.
-            self.log(f"--resume: {config.logdir} holds no checkpoint; the run starts at "
-                     "iteration 0")
+            self.log(f"--resume: {config.logdir} holds no intact checkpoint; the run starts "
+                     "at iteration 0")
         logs = (MetricsLogger(config.logdir, resume_from=start or None, note=self.log)
                 if self.primary else contextlib.nullcontext(_NoMetrics()))
         with logs as logger:

@@ -154,6 +154,13 @@ def test_a_hyperparameter_that_is_not_a_number_is_named(bad, said):
     with pytest.raises(ValueError, match=re.escape(f"compute_grpo_outcome_advantage: {said}")):
         verl_agent.compute_grpo_outcome_advantage(d["rewards"], d["mask"], d["index"], d["traj"],
                                                   epsilon=bad)
+    gigpo = (d["rewards"], d["rewards"].sum(1), d["mask"], d["anchors"], d["index"], d["traj"])
+    with pytest.raises(ValueError, match=re.escape(f"compute_gigpo_outcome_advantage: {said}")):
+        verl_agent.compute_gigpo_outcome_advantage(*gigpo, epsilon=bad)
+    # A setting is read only where it is used: no threshold without clustering.
+    verl_agent.compute_gigpo_outcome_advantage(*gigpo, similarity_thresh=None)
+    istar.compute_istar_rloo_advantage(_istar_batch(d), step_advantage_w=None,
+                                       use_process_only=True)
     # A config's string, as YAML reads "1e-6", and a one-element tensor are numbers.
     expected = agent_r1.compute_gae_advantage_return(*args, gamma=0.9, lam=1.0)
     close(agent_r1.compute_gae_advantage_return(*args, gamma="0.9", lam=torch.tensor(1.0))[0],

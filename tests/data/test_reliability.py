@@ -326,7 +326,7 @@ def test_save_trajectories_names_a_bad_step_and_writes_nothing(tmp_path, ext):
         ([Trajectory(steps=[good]), Trajectory(steps=[StepRecord([1], [2], [-0.1], 0.0, done=True),
                                                       good])],
          r"trajectories\[1\]\.steps\[0\], field 'done': is true on step 0"),
-        # Checked a batch at a time: the row is named within its own trajectory.
+        # Checked a batch at a time: the row is named within its own trajectory and batch.
         ([Trajectory(steps=[good, StepRecord([1], [2], [-0.1], 1.0, done=True)])] * 3
          + [Trajectory(steps=[good, good, StepRecord([1], [2], [-0.1], float("inf"), done=True)])],
          r"trajectories\[3\]\.steps\[2\], field 'reward': inf is not finite"),
@@ -335,6 +335,7 @@ def test_save_trajectories_names_a_bad_step_and_writes_nothing(tmp_path, ext):
     ]
     path = tmp_path / f"saved.{ext}"
     for trajectories, message in cases:
-        with pytest.raises(ValueError, match=message):
-            save_trajectories(trajectories, str(path))
-        assert not path.exists()
+        for batch_rows in (3, 1000):  # the bad step in a later batch, and in the first
+            with pytest.raises(ValueError, match=message):
+                save_trajectories(trajectories, str(path), batch_rows=batch_rows)
+            assert not path.exists()
