@@ -45,7 +45,6 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from stepcredit.advantages import _checks
 from stepcredit.models.sharing import SharedRows
 from stepcredit.models.tokenizer import MAX_CHOICES
 
@@ -524,11 +523,21 @@ def _token_values(values: jax.Array, has_prev: jax.Array) -> jax.Array:
 def check_rows(fn: str, tokens_name: str, tokens, **masks) -> None:
     """Raises one line naming `fn` and the argument unless `tokens` holds `[B, L]` integer
     ids and every array of `masks` (by its argument's name) is a `[B, L]` bool or 0/1
-    integer mask of the same shape."""
-    arrays = {tokens_name: _checks.int_array(fn, tokens_name, tokens, rank=2)}
+    integer mask of the same shape. Reads dtypes and shapes only (no copy to the device)."""
+    arrays = {tokens_name: tokens, **masks}
+    for name, x in arrays.items():
+        dtype = x.dtype if hasattr(x, "dtype") else np.asarray(x).dtype
+        if not (jnp.issubdtype(dtype, jnp.integer) or (name != tokens_name and dtype == bool)):
+            raise TypeError(f"{fn}: {name} has dtype {dtype}; it must be "
+                            + ("an integer type" if name == tokens_name
+                               else "bool (or 0/1 integers)"))
+        if np.ndim(x) != 2:
+            raise ValueError(f"{fn}: {name} has shape {np.shape(x)} (rank {np.ndim(x)}); it "
+                             "must have rank 2")
     for name, x in masks.items():
-        arrays[name] = _checks.bool_array(fn, name, x, rank=2)
-    _checks.same_shape(fn, "[B, L]", **arrays)
+        if np.shape(x) != np.shape(tokens):
+            raise ValueError(f"{fn}: {tokens_name} has shape {np.shape(tokens)} but {name} has "
+                             f"shape {np.shape(x)}; both must be [B, L]")
 
 
 @jax.jit(static_argnums=0, static_argnames=("choice_markers",))
