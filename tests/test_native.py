@@ -173,13 +173,22 @@ def fresh_cache(tmp_path, monkeypatch):
     native.library_path.cache_clear()
 
 
-def test_build_is_cached_by_key_and_leaves_no_partial_file(fresh_cache):
+def test_build_is_cached_by_key_and_leaves_no_partial_file(fresh_cache, monkeypatch,
+                                                           tmp_path_factory):
+    # A stand-in compiler that writes its output (the last argument) and counts its calls:
+    # the other tests here run the real build, in the process's own cache.
+    folder = tmp_path_factory.mktemp("compiler")
+    calls, compiler = folder / "calls", folder / "cxx"
+    compiler.write_text(f"#!/bin/sh\necho >> '{calls}'\nfor a; do o=$a; done\necho > \"$o\"\n")
+    compiler.chmod(0o755)
+    monkeypatch.setenv("CXX", str(compiler))
     path = native.library_path()
     assert os.path.dirname(path) == str(fresh_cache)
     assert os.listdir(fresh_cache) == [os.path.basename(path)]
     mtime = os.path.getmtime(path)
     native.library_path.cache_clear()
     assert native.library_path() == path and os.path.getmtime(path) == mtime
+    assert calls.read_text().count("\n") == 1  # built once, then found by its key
 
 
 def test_missing_compiler_is_a_clear_error(fresh_cache, monkeypatch):
