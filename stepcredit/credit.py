@@ -20,6 +20,7 @@ from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from stepcredit import advantages as adv
 from stepcredit.advantages.inputs import (CreditInputs, last_action_tokens,
@@ -100,6 +101,7 @@ def compute_advantages(steps: StepBatch, tokens: TokenBatch, name: str, *, token
     References:
       Each estimator's own paper (`stepcredit.advantages.get(name).paper`).
     """
+    _check_whiten("compute_advantages", whiten)
     entry = adv.get(name)
     inputs = credit_inputs(steps, tokens, token_values=token_values, prm_logp=prm_logp,
                            ref_logp=ref_logp, base_advantages=base_advantages,
@@ -127,6 +129,13 @@ def compute_advantages(steps: StepBatch, tokens: TokenBatch, name: str, *, token
 
 
 @functools.lru_cache(maxsize=64)
+def _check_whiten(fn: str, whiten) -> None:
+    # A string such as "none" would be true: refused, not read as "whiten".
+    if whiten is not None and not isinstance(whiten, (bool, np.bool_)):
+        raise ValueError(f"{fn}: whiten={whiten!r}; it must be True, False or None (None "
+                         "keeps the estimator's own whitening)")
+
+
 def _compiled(name: str, whiten: bool | None, config_items: tuple[tuple[str, Any], ...]):
     return jax.jit(functools.partial(compute_advantages, name=name, whiten=whiten,
                                      **dict(config_items)))
@@ -144,6 +153,7 @@ def compiled_compute_advantages(steps: StepBatch, tokens: TokenBatch, name: str,
     checks (NaN, out-of-range ids) are skipped under `jit`; shapes are still
     checked while tracing. Hyperparameters must be hashable.
     """
+    _check_whiten("compiled_compute_advantages", whiten)
     compiled = _compiled(name, whiten, tuple(sorted(config.items())))
     return compiled(steps, tokens, token_values=token_values, prm_logp=prm_logp,
                     ref_logp=ref_logp, base_advantages=base_advantages, mc_values=mc_values,

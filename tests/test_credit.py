@@ -55,6 +55,17 @@ def test_group_estimators_broadcast_one_score_per_trajectory():
         np.testing.assert_allclose(per_token[b, tokens.action_mask[b]], expected[b], atol=1e-6)
 
 
+@pytest.mark.parametrize("call", [compute_advantages, compiled_compute_advantages])
+def test_whiten_is_a_bool_or_none_not_a_word(call):
+    steps, tokens, _ = random_batch(1)
+    # "none" is a true string: it would turn whitening on.
+    with pytest.raises(ValueError, match=f"{call.__name__}: whiten='none'; it must be True, "
+                                         "False or None"):
+        call(steps, tokens, "grpo", whiten="none")
+    unwhitened = call(steps, tokens, "grpo", whiten=False).step_advantages
+    np.testing.assert_allclose(unwhitened, compute_advantages(steps, tokens, "grpo").step_advantages)
+
+
 def test_step_gae_is_whitened_over_valid_steps_and_broadcast():
     steps, tokens, _ = random_batch(2)
     credit = compute_advantages(steps, tokens, "step_gae", lam=0.9)
