@@ -1,6 +1,7 @@
 """The estimator registry."""
 
 import inspect
+import re
 
 import pytest
 
@@ -39,6 +40,24 @@ def test_the_input_level_is_inferred_from_the_finest_field_read(field, level):
 def test_defaults_are_read_only():
     with pytest.raises(TypeError):
         advantages.get("step_gae").defaults["gamma"] = 0.5
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), -float("inf")])
+def test_a_float_hyperparameter_that_is_not_finite_is_named(bad):
+    """Checked once for every estimator: some read a NaN weight without a word and gave
+    every step a NaN advantage (EMPG's k, MT-GRPO's lam, PRIME's coefficients)."""
+    checked = 0
+    for name in advantages.names():
+        entry = advantages.get(name)
+        for key, default in entry.accepted.items():
+            if isinstance(default, float):
+                with pytest.raises(ValueError, match=f"estimator '{re.escape(name)}': {key}="
+                                                     f"{re.escape(str(bad))}; it must be finite"):
+                    entry.resolve({key: bad})
+                checked += 1
+    assert checked >= 30
+    ok = advantages.get("grpo+empg").resolve({"k": 2})
+    assert ok["k"] == 2.0 and isinstance(ok["k"], float)
 
 
 def test_unknown_names_list_the_known_ones():

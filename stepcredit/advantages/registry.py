@@ -13,6 +13,7 @@ Adding an estimator is one function and one `register(Estimator(...))`.
 from __future__ import annotations
 
 import dataclasses
+import math
 import types
 from typing import Any, Callable, Literal, Mapping, NamedTuple, Sequence
 
@@ -183,8 +184,8 @@ class Estimator:
         """Its full configuration: the defaults with `overrides` checked and applied.
 
         A value must have its default's type (bool, number or string; a number
-        given for a float default becomes a float); keys without a typed
-        default (None) take any value.
+        given for a float default becomes a float, which must be finite); keys
+        without a typed default (None) take any value.
 
         Raises:
           ValueError: an unknown key or a wrong type, naming the accepted keys.
@@ -213,6 +214,10 @@ def _typed(name: str, key: str, value: Any, default: Any) -> Any:
     if not ok:
         raise ValueError(f"estimator {name!r}: {key}={value!r} is a {type(value).__name__}; "
                          f"it must be a {type(default).__name__} like its default {default!r}")
+    # Checked here for every estimator: a NaN weight or coefficient turns every advantage
+    # into NaN, and the error would come later, if at all, naming an input array.
+    if isinstance(value, float) and not math.isfinite(value):
+        raise ValueError(f"estimator {name!r}: {key}={value}; it must be finite")
     return value
 
 
