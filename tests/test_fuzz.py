@@ -195,3 +195,30 @@ def test_compiled_credit_ignores_nan_padding(data):
             if out is not None:
                 assert np.all(np.isfinite(np.asarray(out))), name
         assert np.all(np.asarray(credit.token_advantages)[tokens.step_index < 0] == 0), name
+
+
+STEPS = np.ones((2, 3), np.float32)
+MASK = np.ones((2, 3), bool)
+ONES = np.ones(2, np.float32)
+GROUPS = np.zeros(2, np.int32)
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), "0.5"])
+@pytest.mark.parametrize("call, name", [
+    (lambda x: adv.empg(ONES, STEPS, MASK, k=x), "empg: k"),
+    (lambda x: adv.empg(ONES, STEPS, MASK, zeta=x), "empg: zeta"),
+    (lambda x: adv.mt_grpo(STEPS, ONES, GROUPS, MASK, lam=x), "mt_grpo: lam"),
+    (lambda x: adv.merge_process_rewards(ONES, STEPS, MASK, weight=x),
+     "merge_process_rewards: weight"),
+    (lambda x: adv.prime_token_rewards(STEPS, STEPS, MASK, beta=x), "prime_token_rewards: beta"),
+    (lambda x: adv.istar(ONES, STEPS, GROUPS, MASK, alpha=x), "istar: alpha"),
+    (lambda x: adv.spa_step_rewards(STEPS, MASK, MASK, beta=x), "spa_step_rewards: beta"),
+    (lambda x: adv.discounted_returns(STEPS, MASK, gamma=x), "discounted_returns: gamma"),
+])
+def test_a_hyperparameter_that_is_not_a_finite_number_is_named(call, name, bad):
+    """Called directly, not through the registry (which checks its own): a NaN weight gave
+    every step a NaN advantage, a string failed inside JAX."""
+    said = (f"{name}='0.5' is a str; it must be a number" if isinstance(bad, str)
+            else f"{name}={bad}")
+    with pytest.raises(ValueError, match=re.escape(said)):
+        call(bad)

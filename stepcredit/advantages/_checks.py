@@ -8,6 +8,7 @@ inside compiled code.
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import jax
@@ -85,11 +86,30 @@ def step_and_group_arrays(fn: str, name: str, steps: Any, mask: Any, scores: Any
     return steps, mask, scores, group_ids
 
 
+def _number(fn: str, name: str, value: Any) -> float:
+    """A concrete hyperparameter as a float; a string, None or several values are named."""
+    try:
+        if isinstance(value, str):
+            raise TypeError
+        return float(value)
+    except (TypeError, ValueError):
+        raise ValueError(f"{fn}: {name}={value!r} is a {type(value).__name__}; it must be a "
+                         "number") from None
+
+
 def unit_interval(fn: str, **scalars: Any) -> None:
-    """Raises `ValueError` for a concrete hyperparameter outside [0, 1]."""
+    """Raises `ValueError` for a concrete hyperparameter outside [0, 1] or not a number."""
     for name, value in scalars.items():
-        if is_concrete(value) and not 0.0 <= float(value) <= 1.0:
+        if is_concrete(value) and not 0.0 <= _number(fn, name, value) <= 1.0:
             raise ValueError(f"{fn}: {name}={float(value)} is outside [0, 1]")
+
+
+def finite_scalars(fn: str, **scalars: Any) -> None:
+    """Raises `ValueError` for a concrete hyperparameter that is NaN, infinite or not a number
+    (a NaN weight would turn every advantage into NaN without a word)."""
+    for name, value in scalars.items():
+        if is_concrete(value) and not math.isfinite(_number(fn, name, value)):
+            raise ValueError(f"{fn}: {name}={float(value)}; it must be finite")
 
 
 def finite_where(fn: str, name: str, x: jax.Array, valid: jax.Array | None = None) -> None:

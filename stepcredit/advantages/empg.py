@@ -143,6 +143,7 @@ def empg(advantages, entropy, mask, *, k: float = 1.0, k_future: float = 1.0, ze
         raise ValueError(f"{fn}: center={center!r}; it must be True (subtract the mean over valid "
                          f"steps) or False")
     advantages, entropy, mask = _check_inputs(fn, advantages, entropy, mask)
+    _checks.finite_scalars(fn, k=k, k_future=k_future, zeta=zeta, eps=eps)
     hyper = dict(k=k, k_future=k_future, zeta=zeta, eps=eps, center=center)
     xla = functools.partial(_xla_empg, axis_name=axis_name, **hyper)
     if (axis_name is not None or not _checks.is_concrete(k, k_future, zeta, eps)

@@ -79,6 +79,7 @@ def implicit_step_rewards(prm_logp, ref_logp, step_index, num_steps: int, *, bet
     [[0.75, -0.5]]; with normalize="max_abs", [[1, -0.6667]].
     """
     fn = "implicit_step_rewards"
+    _checks.finite_scalars(fn, beta=beta)
     _checks.one_of(fn, "normalize", normalize, (None, "max_abs"))
     step_index = _checks.int_array(fn, "step_index", step_index, rank=2)
     prm_logp, ref_logp = _check_logps(fn, prm_logp, ref_logp, "step_index", step_index)
@@ -271,6 +272,7 @@ def istar(scores, step_rewards, group_ids, mask, *, alpha: float = 1.0, episode:
       [[0.98667, 0.74667], [0.86667, 0], [-0.82667, -1.06667], [-0.70667, 0]]
     """
     fn = "istar"
+    _checks.finite_scalars(fn, alpha=alpha)
     _checks.one_of(fn, "episode", episode, EPISODES)
     _checks.one_of(fn, "step_baseline", step_baseline, STEP_BASELINES)
     _checks.one_of(fn, "std", std, group_lib.STDS)

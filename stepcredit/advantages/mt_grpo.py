@@ -138,6 +138,7 @@ def mt_grpo(step_rewards, scores, group_ids, mask, *, lam: float = 1.0,
       [[1.8618, 1.1547], [-1.2845, -0.5774], [-0.5774, 0]]
     """
     fn = "mt_grpo"
+    _checks.finite_scalars(fn, lam=lam)
     _checks.one_of(fn, "turn_baseline", turn_baseline, TURN_BASELINES)
     _checks.one_of(fn, "final_turn", final_turn, FINAL_TURNS)
     _checks.one_of(fn, "std", std, group_lib.STDS)

@@ -119,6 +119,7 @@ def add_process_advantage(episode_advantages, process_rewards, group_ids, mask, 
       [[1.0, 1.3], [-1.3, 0.0]]
     """
     fn = "add_process_advantage"
+    _checks.finite_scalars(fn, weight=weight)
     _checks.one_of(fn, "normalize", normalize, NORMALIZATIONS)
     _checks.one_of(fn, "baseline", baseline, BASELINES)
     _checks.one_of(fn, "std", std, group_lib.STDS)
@@ -170,6 +171,7 @@ def merge_process_rewards(outcome_scores, step_rewards, mask, *, weight: float =
     mask [[T, T], [T, F]], weight 0.5 gives [1.3, -0.05].
     """
     fn = "merge_process_rewards"
+    _checks.finite_scalars(fn, weight=weight)
     step_rewards = _checks.float_array(fn, "step_rewards", step_rewards, rank=2)
     mask = _checks.bool_array(fn, "mask", mask, rank=2)
     _checks.same_shape(fn, "[B, T]", step_rewards=step_rewards, mask=mask)
@@ -204,6 +206,7 @@ def prime_token_rewards(prm_logp, ref_logp, action_mask, *, beta: float = 0.05) 
     [[T, T]] gives [[0.025, -0.05]].
     """
     fn = "prime_token_rewards"
+    _checks.finite_scalars(fn, beta=beta)
     prm_logp = _checks.float_array(fn, "prm_logp", prm_logp, rank=2)
     ref_logp = _checks.float_array(fn, "ref_logp", ref_logp, rank=2)
     action_mask = _checks.bool_array(fn, "action_mask", action_mask, rank=2)
@@ -266,6 +269,7 @@ def prime_advantages(token_rewards, outcome_scores, action_mask, group_ids, *,
       G = [[1.6, 1.5], [-1.6, -1.5]]
     """
     fn = "prime_advantages"
+    _checks.finite_scalars(fn, reward_dpo_coef=reward_dpo_coef, reward_gt_coef=reward_gt_coef)
     token_rewards = _checks.float_array(fn, "token_rewards", token_rewards, rank=2)
     action_mask = _checks.bool_array(fn, "action_mask", action_mask, rank=2)
     _checks.same_shape(fn, "[B, N]", token_rewards=token_rewards, action_mask=action_mask)

@@ -58,6 +58,7 @@ def spa_step_rewards(progress, grounding, mask, *, alpha: float = 1.0,
     [[0.7, 0.3, 1.0]] (alpha 1, beta 0.5).
     """
     fn = "spa_step_rewards"
+    _checks.finite_scalars(fn, alpha=alpha, beta=beta)
     progress = _checks.float_array(fn, "progress", progress, rank=2)
     grounding = _grounding(fn, grounding)
     mask = _checks.bool_array(fn, "mask", mask, rank=2)
