@@ -170,12 +170,48 @@ def _check_step(i: int, t: int, step: StepRecord, dtype: Any) -> None:
     if step.action_entropy is not None and len(step.action_entropy) != len(step.action_ids):
         raise ValueError(f"{where}: action_entropy has length {len(step.action_entropy)} but "
                          f"action_ids has length {len(step.action_ids)}")
+    if step.reward is None:
+        raise ValueError(f"{where}: reward is None; every step has a reward (0.0 for none)")
     for name in ("reward", "value"):
         x = getattr(step, name)
         if x is not None and not _finite_in(dtype, x):
             raise ValueError(_not_finite(where, name, x, dtype))
+    for name in ("action_logp", "action_entropy"):
+        values = getattr(step, name)
+        if values is None:
+            continue
+        finite = np.abs(np.asarray(values, np.float64)) <= float(np.finfo(dtype).max)
+        if not finite.all():
+            j = int(np.flatnonzero(~finite)[0])
+            raise ValueError(_not_finite(where, f"{name}[{j}]", values[j], dtype))
+    if step.anchor is not None and not _is_int(step.anchor):
+        raise ValueError(f"{where}: anchor is {step.anchor!r} ({type(step.anchor).__name__}); it "
+                         "must be an int key (stepcredit.keys.stable_key(text) gives one)")
     if step.done and step.truncated:
         raise ValueError(f"{where}: done and truncated are both set; a step ends an episode one way")
+
+
+def _is_int(x: Any) -> bool:
+    return isinstance(x, (int, np.integer)) and not isinstance(x, (bool, np.bool_))
+
+
+def _check_ids(i: int, trajectory: Trajectory) -> None:
+    """A group id is an int; a tree id an int >= 0 or None (the ids of trajectories without
+    one are negative, so a negative id could join one of them)."""
+    where = f"collate: trajectories[{i}]"
+    for name in ("group_id", "tree_id"):
+        x = getattr(trajectory, name)
+        if x is None and name == "tree_id":
+            continue
+        if not _is_int(x):
+            raise ValueError(f"{where}.{name} is {x!r} ({type(x).__name__}); it must be an int "
+                             "(stepcredit.keys.dense_ids numbers any ids from 0)")
+        if not -2**31 <= x < 2**31:
+            raise ValueError(f"{where}.{name} is {x}; ids must fit int32 "
+                             "(stepcredit.keys.dense_ids numbers any ids from 0)")
+        if name == "tree_id" and x < 0:
+            raise ValueError(f"{where}.tree_id is {x}; it must be >= 0 (None: a tree of its "
+                             "own)")
 
 
 def _tokens_in(step: StepRecord, with_observations: bool) -> int:
@@ -238,11 +274,7 @@ def collate(trajectories: Sequence[Trajectory], *, max_steps: int | None = None,
             x = getattr(trajectory, name)
             if x is not None and not _finite_in(dtype, x):
                 raise ValueError(_not_finite(f"collate: trajectories[{i}]", name, x, dtype))
-        for name in ("group_id", "tree_id"):
-            x = getattr(trajectory, name)
-            if x is not None and not -2**31 <= x < 2**31:
-                raise ValueError(f"collate: trajectories[{i}].{name} is {x}; ids must fit int32 "
-                                 "(stepcredit.keys.dense_ids numbers any ids from 0)")
+        _check_ids(i, trajectory)
         length = len(steps)
         if max_steps is not None and length > max_steps:
             if not truncate:
@@ -293,7 +325,7 @@ def collate(trajectories: Sequence[Trajectory], *, max_steps: int | None = None,
             step_flags["done"][b, t] = step.done
             step_flags["truncated"][b, t] = step.truncated
             if step.anchor is not None:
-                anchor_keys[b, t], has_anchor[b, t] = step.anchor % 2**64, True
+                anchor_keys[b, t], has_anchor[b, t] = int(step.anchor) % 2**64, True
             if with_observations:
                 n_obs = len(step.observation_ids)
                 tokens[b, position:position + n_obs] = step.observation_ids

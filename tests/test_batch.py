@@ -96,6 +96,12 @@ def test_token_limit_cuts_only_at_step_boundaries():
     (StepRecord([1], [2], [-0.1], float("nan")), r"steps\[0\]: reward is nan"),
     (StepRecord([1], [2], [-0.1], 0.0, action_entropy=[1.0, 2.0]), r"steps\[0\]: action_entropy has length 2"),
     (StepRecord([1], [2], [-0.1], 0.0, done=True, truncated=True), r"steps\[0\]: done and truncated are both set"),
+    (StepRecord([1], [2], [-0.1], None), r"steps\[0\]: reward is None"),
+    (StepRecord([1], [2, 3], [-0.1, float("nan")], 0.0), r"steps\[0\]: action_logp\[1\] is nan"),
+    (StepRecord([1], [2], [-0.1], 0.0, action_entropy=[float("inf")]),
+     r"steps\[0\]: action_entropy\[0\] is inf"),
+    (StepRecord([1], [2], [-0.1], 0.0, anchor="room 1"),
+     r"steps\[0\]: anchor is 'room 1' \(str\); it must be an int key"),
 ])
 def test_malformed_records_are_named(step, message):
     good = Trajectory(steps=[make_step([1], [2])])
@@ -107,6 +113,22 @@ def test_an_id_beyond_int32_is_named():
     good = Trajectory(steps=[make_step([1], [2])])
     with pytest.raises(ValueError, match=r"collate: trajectories\[1\]\.group_id is 1099511627776"):
         collate([good, Trajectory(steps=[make_step([1], [2])], group_id=2**40)])
+
+
+@pytest.mark.parametrize("ids, message", [
+    (dict(group_id=1.5), r"group_id is 1.5 \(float\); it must be an int"),  # would join group 1
+    (dict(group_id="task-7"), r"group_id is 'task-7' \(str\); it must be an int"),
+    (dict(group_id=None), r"group_id is None \(NoneType\); it must be an int"),
+    # Trajectory 0 has no tree id, so its tree is -1: a given -1 would join it.
+    (dict(tree_id=-1), r"tree_id is -1; it must be >= 0"),
+])
+def test_ids_that_are_not_ints_are_named(ids, message):
+    good = Trajectory(steps=[make_step([1], [2])])
+    with pytest.raises(ValueError, match=r"collate: trajectories\[1\]\." + message):
+        collate([good, Trajectory(steps=[make_step([1], [2])], **ids)])
+    numpy_ids = Trajectory(steps=[make_step([1], [2], anchor=np.int64(3))], group_id=np.int32(4))
+    steps, _, _ = collate([good, numpy_ids])
+    assert steps.group_id.tolist() == [0, 4]
 
 
 def test_empty_inputs_are_rejected():
