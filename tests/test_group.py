@@ -1,5 +1,7 @@
 """GRPO, Dr. GRPO, RLOO, REINFORCE++ and the group statistics, against NumPy loop references."""
 
+import re
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -314,3 +316,13 @@ def test_reinforce_pp_carries_its_return_across_masked_spans_or_resets_there():
     _close(group.reinforce_pp(rewards, mask, gamma=0.5, masked="reset"), [[0.25, 0.5, 1, 0, 1, 2]])
     with pytest.raises(ValueError, match="reinforce_pp: masked='skip'"):
         group.reinforce_pp(rewards, mask, masked="skip")
+
+
+def test_host_ids_beyond_int32_are_named_not_wrapped():
+    """JAX converts int64 to int32 by dropping the high bits: 7 and 7 + 2^32 would be one
+    group. Ids of 64 bits that fit are taken as they are."""
+    scores = np.array([1.0, 0.0, 1.0, 0.0], np.float32)
+    with pytest.raises(ValueError, match=re.escape("grpo: group_ids holds 4294967303 at index "
+                                                   "(1,), outside int32")):
+        group.grpo(scores, np.array([7, 7 + 2**32, 7, 7 + 2**32]))
+    np.testing.assert_array_equal(group.grpo(scores, np.array([7, 8, 7, 8], np.int64)), 0.0)

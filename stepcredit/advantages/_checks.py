@@ -47,7 +47,20 @@ def bool_array(fn: str, name: str, x: Any, *, rank: int | None = None) -> jax.Ar
 
 
 def int_array(fn: str, name: str, x: Any, *, rank: int | None = None) -> jax.Array:
-    """Returns `x` as an integer array, or raises naming `fn` and `name`."""
+    """Returns `x` as an integer array, or raises naming `fn` and `name`.
+
+    Host ids of 64 bits must fit int32 unless `jax_enable_x64` is set: JAX's conversion
+    would wrap them without a word, and two different ids could become one group.
+    """
+    if not isinstance(x, (jax.Array, jax.core.Tracer)) and not jax.config.jax_enable_x64:
+        host = np.asarray(x)
+        if host.dtype.kind in "iu" and host.dtype.itemsize > 4 and host.size:
+            outside = (host < -2**31) | (host >= 2**31)
+            if outside.any():
+                index = np.unravel_index(int(np.argmax(outside)), host.shape)
+                raise ValueError(f"{fn}: {name} holds {host[index]} at index "
+                                 f"{tuple(int(i) for i in index)}, outside int32; number the ids "
+                                 "from 0 (stepcredit.keys.dense_ids)")
     x = jnp.asarray(x)
     if not jnp.issubdtype(x.dtype, jnp.integer):
         raise TypeError(f"{fn}: {name} has dtype {x.dtype}; it must be an integer type")
