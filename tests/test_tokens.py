@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 from jax.sharding import PartitionSpec as P
 
-from stepcredit.advantages import (broadcast_to_tokens, masked_whiten, step_gae,
+from stepcredit.advantages import (broadcast_to_tokens, masked_mean, masked_whiten, step_gae,
                                    step_rewards_from_tokens, step_values_from_tokens, token_gae)
 from tests.reference import gae as ref
 
@@ -90,6 +90,21 @@ def test_masked_whiten_with_one_or_no_valid_entry_is_finite():
     x = jnp.array([[3.0, jnp.nan]])
     np.testing.assert_array_equal(masked_whiten(x, jnp.array([[True, False]])), [[0.0, 0.0]])
     np.testing.assert_array_equal(masked_whiten(x, jnp.array([[False, False]])), [[0.0, 0.0]])
+
+
+def test_masked_mean_is_the_mean_of_the_valid_entries_and_checks_them():
+    x = jnp.array([[1.0, 2.0, jnp.nan], [4.0, 8.0, 16.0]])
+    mask = jnp.array([[True, True, False], [True, False, False]])
+    np.testing.assert_allclose(masked_mean(x, mask), 7.0 / 3.0, rtol=1e-6)
+    assert masked_mean(x, jnp.zeros_like(mask)) == 0.0
+    # A [B, 1] mask would broadcast over the columns and count each row three times.
+    with pytest.raises(ValueError, match="masked_mean: x has shape .2, 3. but mask has shape "
+                                         ".2, 1."):
+        masked_mean(x, mask[:, :1])
+    with pytest.raises(ValueError, match=r"masked_mean: x is not finite at index \(0, 2\)"):
+        masked_mean(x, mask.at[0, 2].set(True))
+    with pytest.raises(ValueError, match="masked_whiten: eps=-1.0; it must be >= 0"):
+        masked_whiten(x, mask, eps=-1.0)
 
 
 def test_bridge_under_jit_and_sharding(mesh4):

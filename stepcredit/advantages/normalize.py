@@ -9,9 +9,32 @@ from stepcredit.advantages import _checks
 
 
 def masked_mean(x, mask) -> jax.Array:
-    """Mean of `x` over positions where `mask` is True (0 when none is)."""
-    count = jnp.sum(mask)
-    return jnp.sum(jnp.where(mask, x, 0.0)) / jnp.maximum(count, 1)
+    """Mean of `x` over the positions where `mask` is True:
+
+        mean = sum_{mask} x / max(|mask|, 1)      (0 when no position is valid)
+
+    Args:
+      x: `[B, T]` or `[B, N]` values (any shape matching `mask`); NaN or inf only at
+        masked positions.
+      mask: bool (or 0/1 integers), the same shape as `x`.
+
+    Returns:
+      A scalar.
+
+    References:
+      verl `core_algos.masked_mean` (the token-mean loss aggregation of
+      DAPO, arXiv 2503.14476, uses the same mean).
+    """
+    fn = "masked_mean"
+    x = _checks.float_array(fn, "x", x)
+    mask = _checks.bool_array(fn, "mask", mask)
+    _checks.same_shape(fn, "the same shape", x=x, mask=mask)
+    _checks.finite_where(fn, "x", x, mask)
+    return _masked_mean(x, mask)
+
+
+def _masked_mean(x: jax.Array, mask: jax.Array) -> jax.Array:
+    return jnp.sum(jnp.where(mask, x, 0.0)) / jnp.maximum(jnp.sum(mask), 1)
 
 
 def masked_whiten(x, mask, *, unbiased: bool = True, shift_mean: bool = True,
@@ -46,8 +69,11 @@ def masked_whiten(x, mask, *, unbiased: bool = True, shift_mean: bool = True,
     mask = _checks.bool_array(fn, "mask", mask)
     _checks.same_shape(fn, "the same shape", x=x, mask=mask)
     _checks.finite_where(fn, "x", x, mask)
+    _checks.finite_scalars(fn, eps=eps)
+    if _checks.is_concrete(eps) and eps < 0:
+        raise ValueError(f"{fn}: eps={eps}; it must be >= 0")
     count = jnp.sum(mask).astype(x.dtype)
-    mean = masked_mean(x, mask)
+    mean = _masked_mean(x, mask)
     centered = jnp.where(mask, x - mean, 0.0)
     denominator = jnp.maximum(count - 1.0, 1.0) if unbiased else jnp.maximum(count, 1.0)
     var = jnp.sum(centered**2) / denominator
