@@ -3,6 +3,7 @@
 import inspect
 import re
 
+import numpy as np
 import pytest
 
 import stepcredit
@@ -58,6 +59,21 @@ def test_a_float_hyperparameter_that_is_not_finite_is_named(bad):
     assert checked >= 30
     ok = advantages.get("grpo+empg").resolve({"k": 2})
     assert ok["k"] == 2.0 and isinstance(ok["k"], float)
+
+
+def test_apply_names_inputs_and_config_of_the_wrong_kind():
+    scores = np.array([1.0, 0.0, 1.0, 0.0], np.float32)
+    groups = np.array([0, 0, 1, 1], np.int32)
+    with pytest.raises(TypeError, match="apply: inputs is a dict; it must be CreditInputs"):
+        advantages.apply("grpo", {"scores": scores, "group_ids": groups})
+    inputs = advantages.CreditInputs(scores=scores, group_ids=groups)
+    with pytest.raises(TypeError, match="apply: config is a list; it must be a mapping"):
+        advantages.apply("grpo", inputs, [("eps", 1e-3)])
+    # EMPG's GRPO base broadcasts over the mask: a transposed one is named, not broadcast.
+    entropy = np.ones((4, 3), np.float32)
+    with pytest.raises(ValueError, match=re.escape("empg: mask has shape (3, 4); it must be [B, "
+                                                   "T] with B = 4 trajectories")):
+        advantages.apply("empg", inputs._replace(mask=np.ones((3, 4), bool), entropy=entropy))
 
 
 def test_unknown_names_list_the_known_ones():

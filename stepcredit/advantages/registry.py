@@ -19,7 +19,7 @@ from typing import Any, Callable, Literal, Mapping, NamedTuple, Sequence
 
 import jax.numpy as jnp
 
-from stepcredit.advantages import gae, group
+from stepcredit.advantages import _checks, gae, group
 from stepcredit.advantages.ecpo import ecpo
 from stepcredit.advantages.empg import empg, grpo_empg
 from stepcredit.advantages.gigpo import gigpo
@@ -250,11 +250,19 @@ def apply(name: str | Estimator, inputs: CreditInputs,
 
     Raises:
       ValueError: an unknown hyperparameter, or a field the entry reads is None.
+      TypeError: inputs that are not `CreditInputs`, or a config that is not a mapping.
     """
     entry = name if isinstance(name, Estimator) else get(name)
+    if not isinstance(inputs, CreditInputs):
+        raise TypeError(f"apply: inputs is a {type(inputs).__name__}; it must be CreditInputs "
+                        "(from a dict d: CreditInputs(**d))")
+    if config is not None and not isinstance(config, Mapping):
+        raise TypeError(f"apply: config is a {type(config).__name__}; it must be a mapping of "
+                        "hyperparameter names to values, or None")
     resolved = entry.resolve(config)
     if entry.base is not None and inputs.base_advantages is None:
-        inputs = inputs._replace(base_advantages=_base_advantages(entry.base, inputs))
+        inputs = inputs._replace(base_advantages=_base_advantages(entry.name, entry.base,
+                                                                  inputs))
     absent = {argument for argument in entry.optional
               if getattr(inputs, entry.reads[argument]) is None}
     missing = sorted({m for argument, field in entry.reads.items() if argument not in absent
@@ -271,11 +279,16 @@ def apply(name: str | Estimator, inputs: CreditInputs,
     return EstimatorOutput(out, None, entry.output_level)
 
 
-def _base_advantages(base: str, inputs: CreditInputs):
-    """The base estimator's advantages at its defaults, as `[B, T]` over valid steps."""
+def _base_advantages(name: str, base: str, inputs: CreditInputs):
+    """The base estimator's advantages at its defaults, as `[B, T]` over valid steps (for
+    estimator `name`, named in errors)."""
     out = apply(base, inputs)
     if out.level == "trajectory":
-        return jnp.where(inputs.mask, out.advantages[:, None], 0.0)
+        mask = _checks.bool_array(name, "mask", inputs.mask, rank=2)
+        if mask.shape[0] != out.advantages.shape[0]:
+            raise ValueError(f"{name}: mask has shape {tuple(mask.shape)}; it must be [B, T] "
+                             f"with B = {out.advantages.shape[0]} trajectories")
+        return jnp.where(mask, out.advantages[:, None], 0.0)
     return out.advantages
 
 
