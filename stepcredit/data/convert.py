@@ -102,6 +102,12 @@ def save_trajectories(trajectories: Sequence, path: str, *, trajectory_ids: Sequ
     if len(trajectory_ids) != len(trajectories):
         raise ValueError(f"save_trajectories: {len(trajectory_ids)} trajectory_ids for "
                          f"{len(trajectories)} trajectories")
+    first_of: dict[str, int] = {}
+    for i, name in enumerate(trajectory_ids):
+        if first_of.setdefault(str(name), i) != i:
+            raise ValueError(f"save_trajectories: trajectory_ids[{i}] is {str(name)!r}, as is "
+                             f"trajectory_ids[{first_of[str(name)]}]; each trajectory needs its "
+                             "own id (its rows would read back as one trajectory)")
     written = 0
     with atomic_path(path) as temporary:
         writer = RowWriter(temporary, fmt)

@@ -317,6 +317,15 @@ def test_cli_allow_empty(tmp_path, capsys):
     assert os.path.exists(output) and "0 steps" in capsys.readouterr().out
 
 
+def test_save_trajectories_refuses_one_id_for_two_trajectories(tmp_path):
+    """Their rows would read back as one trajectory, which validate refuses."""
+    trajectory = Trajectory(steps=[StepRecord([1], [2], [-0.1], 1.0, done=True)])
+    path = tmp_path / "saved.jsonl"
+    with pytest.raises(ValueError, match=r"trajectory_ids\[2\] is 'a', as is trajectory_ids\[0\]"):
+        save_trajectories([trajectory] * 3, str(path), trajectory_ids=["a", "b", "a"])
+    assert not path.exists()
+
+
 @pytest.mark.parametrize("ext", ["jsonl", "parquet"])
 def test_save_trajectories_names_a_bad_step_and_writes_nothing(tmp_path, ext):
     good = StepRecord([1], [2], [-0.1], 0.0)
