@@ -1,6 +1,7 @@
 """iStar: implicit step rewards, the trajectory preference loss and the combined advantage."""
 
 import functools
+import re
 
 import jax
 import jax.numpy as jnp
@@ -10,6 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from jax.sharding import PartitionSpec as P
 
+from stepcredit import advantages as adv
 from stepcredit.advantages import group, registry
 from stepcredit.advantages.istar import implicit_step_rewards, istar, trajectory_preference_loss
 from tests.reference import istar as ref
@@ -340,3 +342,23 @@ def test_registry_entries():
     entry = registry.get("grpo+istar")
     _close(entry.fn(scores, rewards, IDS, mask, **entry.defaults),
            ref.istar(scores, rewards, IDS, mask, episode="grpo"), 2e-5)
+
+
+@pytest.mark.parametrize("columns, said", [
+    (None, "istar: mask has shape (4,) (rank 1); it must have rank 2"),
+    (1, "istar: step_index holds step 2 but mask has 1 steps ([B, T])"),
+    # One column too many: a valid step that no token belongs to.
+    (4, "istar: mask marks step 3 of row 0 valid but step_index gives it no action token"),
+])
+def test_a_mask_that_does_not_fit_the_tokens_steps_is_named(columns, said):
+    rng = np.random.default_rng(0)
+    step_index = np.array([[0, 0, 1, 2, -1]] * 4, np.int32)
+    logp = rng.normal(size=(4, 5)).astype(np.float32)
+    inputs = adv.CreditInputs(scores=np.array([1.0, 0.0, 1.0, 0.0], np.float32),
+                              group_ids=np.array([0, 0, 1, 1], np.int32), prm_logp=logp,
+                              ref_logp=logp / 2, step_index=step_index)
+    mask = np.ones(4, bool) if columns is None else np.ones((4, columns), bool)
+    for name in ("istar", "rloo+istar"):
+        with pytest.raises(ValueError, match=re.escape(said)):
+            adv.apply(name, inputs._replace(mask=mask))
+    assert adv.apply("istar", inputs._replace(mask=np.ones((4, 3), bool))).advantages.shape == (4, 3)

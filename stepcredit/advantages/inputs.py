@@ -26,7 +26,9 @@ from typing import Any, Callable, Mapping, NamedTuple
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
+from stepcredit.advantages import _checks
 from stepcredit.advantages.igpo import information_gain
 from stepcredit.advantages.istar import implicit_step_rewards
 from stepcredit.advantages.process import prime_token_rewards
@@ -112,7 +114,29 @@ class Derived(NamedTuple):
 
 
 def _implicit_step_rewards(prm_logp, ref_logp, step_index, mask, **params):
-    return implicit_step_rewards(prm_logp, ref_logp, step_index, jnp.shape(mask)[1], **params)
+    """iStar's step rewards on the mask's T steps (named in errors as the iStar family's)."""
+    fn = "istar"
+    mask = _checks.bool_array(fn, "mask", mask, rank=2)
+    step_index = _checks.int_array(fn, "step_index", step_index, rank=2)
+    if mask.shape[0] != step_index.shape[0]:
+        raise ValueError(f"{fn}: mask has shape {tuple(mask.shape)} but step_index has shape "
+                         f"{tuple(step_index.shape)}; both hold one row per trajectory")
+    if _checks.is_concrete(step_index, mask) and step_index.size:
+        last = int(jnp.max(step_index))
+        if last >= mask.shape[1]:
+            raise ValueError(f"{fn}: step_index holds step {last} but mask has "
+                             f"{mask.shape[1]} steps ([B, T])")
+        # Every step has an action token: a valid step without one means that the mask and
+        # the tokens describe different steps (a mask one column too wide, say).
+        index, valid = np.asarray(step_index), np.asarray(mask)
+        has_tokens = np.zeros(valid.shape, bool)
+        rows, columns = np.nonzero(index >= 0)
+        has_tokens[rows, index[rows, columns]] = True
+        if (valid & ~has_tokens).any():
+            b, t = (int(i[0]) for i in np.nonzero(valid & ~has_tokens))
+            raise ValueError(f"{fn}: mask marks step {t} of row {b} valid but step_index gives it "
+                             "no action token")
+    return implicit_step_rewards(prm_logp, ref_logp, step_index, mask.shape[1], **params)
 
 
 def _prime_token_rewards(prm_logp, ref_logp, step_index, **params):
