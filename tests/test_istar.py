@@ -361,4 +361,5 @@ def test_a_mask_that_does_not_fit_the_tokens_steps_is_named(columns, said):
     for name in ("istar", "rloo+istar"):
         with pytest.raises(ValueError, match=re.escape(said)):
             adv.apply(name, inputs._replace(mask=mask))
-    assert adv.apply("istar", inputs._replace(mask=np.ones((4, 3), bool))).advantages.shape == (4, 3)
+    fitting = inputs._replace(mask=np.ones((4, 3), bool))
+    assert adv.apply("istar", fitting).advantages.shape == (4, 3)
