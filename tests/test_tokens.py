@@ -8,6 +8,7 @@ from jax.sharding import PartitionSpec as P
 
 from stepcredit.advantages import (broadcast_to_tokens, masked_mean, masked_whiten, step_gae,
                                    step_rewards_from_tokens, step_values_from_tokens, token_gae)
+from stepcredit.advantages.tokens import token_rewards_from_steps
 from tests.reference import gae as ref
 
 B, N, T = 8, 24, 5
@@ -129,5 +130,9 @@ def test_bad_input_errors():
         step_values_from_tokens(values, step_index, 0)
     with pytest.raises(ValueError, match=r"broadcast_to_tokens: step_values has shape \(3, 5\)"):
         broadcast_to_tokens(np.zeros((3, T), np.float32), step_index)
+    # Token-level estimators derive their token rewards from step_rewards: named so.
+    with pytest.raises(ValueError, match=r"token_rewards_from_steps: step_rewards has shape "
+                                         r"\(3, 5\)"):
+        token_rewards_from_steps(np.zeros((3, T), np.float32), step_index)
     with pytest.raises(ValueError, match=r"masked_whiten: x is not finite at index \(0, 1\)"):
         masked_whiten(np.array([[1.0, np.nan]]), np.array([[True, True]]))

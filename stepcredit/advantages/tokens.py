@@ -144,7 +144,7 @@ def token_rewards_from_steps(step_rewards, step_index) -> jax.Array:
     elsewhere a gather and a select (the same numbers).
     """
     step_rewards, step_index = _check_step_view("token_rewards_from_steps", step_rewards,
-                                                step_index)
+                                                step_index, "step_rewards")
     return _on_cpu_if_float32(_native_broadcast, _xla_last_tokens, step_rewards, step_index,
                               last_only=True)
 
@@ -230,14 +230,15 @@ def broadcast_to_tokens(step_values, step_index) -> jax.Array:
                               last_only=False)
 
 
-def _check_step_view(fn: str, step_values, step_index):
-    step_values = _checks.float_array(fn, "step_values", step_values, rank=2)
+def _check_step_view(fn: str, step_values, step_index, name: str = "step_values"):
+    """`[B, T]` step values (the argument `name`) and `[B, N]` step indices below T."""
+    step_values = _checks.float_array(fn, name, step_values, rank=2)
     step_index = _checks.int_array(fn, "step_index", step_index, rank=2)
     if step_values.shape[0] != step_index.shape[0]:
-        raise ValueError(f"{fn}: step_values has shape {tuple(step_values.shape)} but step_index has "
+        raise ValueError(f"{fn}: {name} has shape {tuple(step_values.shape)} but step_index has "
                          f"shape {tuple(step_index.shape)}; both need the same B")
     num_steps = step_values.shape[1]
     if _checks.is_concrete(step_index) and step_index.size and int(step_index.max()) >= num_steps:
-        raise ValueError(f"{fn}: step_index holds {int(step_index.max())} but step_values has only "
+        raise ValueError(f"{fn}: step_index holds {int(step_index.max())} but {name} has only "
                          f"{num_steps} steps")
     return step_values, step_index
