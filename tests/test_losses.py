@@ -481,6 +481,8 @@ def test_overlong_penalty_matches_paper():
     assert_close(code[-1], -1.125)
     dapo = overlong_penalty(np.array([16384, 18432, 20480]), max_length=20480, cache_length=4096)
     assert_close(dapo, [0.0, -0.5, -1.0])
+    with pytest.raises(ValueError, match="overlong_penalty: max_length='20' is a str"):
+        overlong_penalty(lengths, max_length="20", cache_length=4)
 
 
 def test_dynamic_sampling_docstring_example_and_reference():
@@ -657,6 +659,12 @@ def test_bad_input_errors_name_the_argument():
         value_loss(logp, None, advantages, mask, clip=0.2)
     with pytest.raises(ValueError, match=r"value_loss: clip=-1.0"):
         value_loss(logp, old_logp, advantages, mask, clip=-1.0)
+    # A number given as a string (a config read as text) is named, not met inside JAX.
+    with pytest.raises(ValueError, match=r"ppo_clip_loss: clip_low='0.2' is a str; it must be a "
+                                         r"number"):
+        ppo_clip_loss(logp, old_logp, advantages, mask, clip_low="0.2")
+    with pytest.raises(ValueError, match=r"value_loss: clip='0.2' is a str"):
+        value_loss(logp, old_logp, advantages, mask, clip="0.2")
     with pytest.raises(ValueError, match=r"kl_penalty: kind='k4'"):
         kl_penalty(logp, old_logp, kind="k4")
     with pytest.raises(ValueError, match=r"kl_loss: logp has shape .* but ref_logp"):

@@ -99,7 +99,7 @@ def step_and_group_arrays(fn: str, name: str, steps: Any, mask: Any, scores: Any
     return steps, mask, scores, group_ids
 
 
-def _number(fn: str, name: str, value: Any) -> float:
+def number(fn: str, name: str, value: Any) -> float:
     """A concrete hyperparameter as a float; a string, None or several values are named."""
     try:
         if isinstance(value, str):
@@ -113,7 +113,7 @@ def _number(fn: str, name: str, value: Any) -> float:
 def unit_interval(fn: str, **scalars: Any) -> None:
     """Raises `ValueError` for a concrete hyperparameter outside [0, 1] or not a number."""
     for name, value in scalars.items():
-        if is_concrete(value) and not 0.0 <= _number(fn, name, value) <= 1.0:
+        if is_concrete(value) and not 0.0 <= number(fn, name, value) <= 1.0:
             raise ValueError(f"{fn}: {name}={float(value)} is outside [0, 1]")
 
 
@@ -121,7 +121,7 @@ def finite_scalars(fn: str, **scalars: Any) -> None:
     """Raises `ValueError` for a concrete hyperparameter that is NaN, infinite or not a number
     (a NaN weight would turn every advantage into NaN without a word)."""
     for name, value in scalars.items():
-        if is_concrete(value) and not math.isfinite(_number(fn, name, value)):
+        if is_concrete(value) and not math.isfinite(number(fn, name, value)):
             raise ValueError(f"{fn}: {name}={float(value)}; it must be finite")
 
 

@@ -66,6 +66,7 @@ def overlong_penalty(response_lengths, *, max_length: int, cache_length: int,
                         ("penalty_factor", penalty_factor)):
         if not _checks.is_concrete(value):
             raise ValueError(f"{fn}: {name} must be a static number, not a traced value")
+        _checks.number(fn, name, value)
     if not 0 < cache_length <= max_length:
         raise ValueError(f"{fn}: cache_length={cache_length} and max_length={max_length}; they "
                          f"must satisfy 0 < cache_length <= max_length")

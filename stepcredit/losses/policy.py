@@ -25,12 +25,14 @@ LOG_RATIO_BOUND = 20.0
 
 def check_clip(fn: str, clip_low, clip_high, dual_clip) -> None:
     """Raises for concrete clip ranges outside their domains (skipped on tracers)."""
-    if _checks.is_concrete(clip_low) and not 0.0 <= float(clip_low) <= 1.0:
+    if _checks.is_concrete(clip_low) and not 0.0 <= _checks.number(fn, "clip_low", clip_low) <= 1.0:
         raise ValueError(f"{fn}: clip_low={float(clip_low)} is outside [0, 1]; the ratio is "
                          f"clipped to [1 - clip_low, 1 + clip_high]")
-    if _checks.is_concrete(clip_high) and not 0.0 <= float(clip_high) < float("inf"):
+    if (_checks.is_concrete(clip_high)
+            and not 0.0 <= _checks.number(fn, "clip_high", clip_high) < float("inf")):
         raise ValueError(f"{fn}: clip_high={float(clip_high)} must be finite and >= 0")
-    if dual_clip is not None and _checks.is_concrete(dual_clip) and not float(dual_clip) > 1.0:
+    if (dual_clip is not None and _checks.is_concrete(dual_clip)
+            and not _checks.number(fn, "dual_clip", dual_clip) > 1.0):
         raise ValueError(f"{fn}: dual_clip={float(dual_clip)}; the dual-clip constant c must be > 1 "
                          f"(arXiv 1912.09729), or None for no dual clip")
 

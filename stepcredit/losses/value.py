@@ -55,7 +55,7 @@ def value_loss(values, old_values, returns, mask, *, clip: float | None = None,
     """
     fn = "value_loss"
     check_agg(fn, agg, max_response_length)
-    if clip is not None and _checks.is_concrete(clip) and not float(clip) > 0:
+    if clip is not None and _checks.is_concrete(clip) and not _checks.number(fn, "clip", clip) > 0:
         raise ValueError(f"{fn}: clip={float(clip)}; it must be > 0, or None for no clipping")
     if clip is not None and old_values is None:
         raise ValueError(f"{fn}: clip={clip} needs old_values, the values of the critic that "
