@@ -11,6 +11,7 @@ V(s_t) at the step's start. Training therefore never re-tokenises.
 from __future__ import annotations
 
 import dataclasses
+import math
 import re
 import time
 from typing import Any, Callable, NamedTuple, Sequence
@@ -157,6 +158,10 @@ class RolloutConfig:
         if self.max_prompt_tokens < 4 or self.max_action_tokens < 1:
             raise ValueError(f"RolloutConfig: max_prompt_tokens={self.max_prompt_tokens} and "
                              f"max_action_tokens={self.max_action_tokens} are too small")
+        for name in ("temperature", "invalid_action_penalty"):
+            value = getattr(self, name)
+            if isinstance(value, (bool, str)) or not math.isfinite(float(value)):
+                raise ValueError(f"RolloutConfig: {name}={value!r}; it must be a finite number")
 
     @property
     def constrained(self) -> bool:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import math
 from typing import Any, NamedTuple
 
 import jax
@@ -71,6 +72,20 @@ class LossConfig:
     def __post_init__(self):
         # A static jit argument must hash: a list read back from JSON becomes a tuple.
         object.__setattr__(self, "choice_markers", tuple(self.choice_markers))
+        # Checked here, before any rollout: inside the update a NaN weight trains on NaN.
+        for name in ("clip_low", "clip_high", "step_clip_low", "step_clip_high",
+                     "behav_weight_cap", "value_coef", "value_clip", "kl_coef", "entropy_coef",
+                     "temperature"):
+            value = getattr(self, name)
+            if value is not None and (isinstance(value, (bool, str))
+                                      or not math.isfinite(float(value))):
+                raise ValueError(f"LossConfig: {name}={value!r}; it must be a finite number")
+        for name in ("value_coef", "kl_coef"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"LossConfig: {name}={getattr(self, name)}; it must be >= 0")
+        if not self.temperature > 0:
+            raise ValueError(f"LossConfig: temperature={self.temperature}; it must be > 0 (the "
+                             "sampling temperature of the scored log-probs)")
 
 
 class Minibatch(NamedTuple):

@@ -9,6 +9,7 @@ devices of the test session.
 
 import dataclasses
 import math
+import re
 import os
 import shutil
 
@@ -186,6 +187,20 @@ def test_eval_command_names_a_missing_checkpoint(tmp_path, capsys):
     assert "checkpoints holds no checkpoint" in capsys.readouterr().err
     assert main(["eval", "--checkpoint", str(tmp_path), "--tasks", "0"]) == 2
     assert "--tasks 0: it must be >= 1" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("make, message", [
+    (lambda: learner.LossConfig(entropy_coef=float("nan")),
+     "LossConfig: entropy_coef=nan; it must be a finite number"),
+    (lambda: learner.LossConfig(kl_coef=-1.0), "LossConfig: kl_coef=-1.0; it must be >= 0"),
+    (lambda: learner.LossConfig(temperature=0.0), "LossConfig: temperature=0.0; it must be > 0"),
+    (lambda: learner.LossConfig(clip_low="0.2"), "LossConfig: clip_low='0.2'; it must be a finite"),
+    (lambda: RolloutConfig(temperature=float("inf")),
+     "RolloutConfig: temperature=inf; it must be a finite number"),
+])
+def test_a_loss_or_rollout_setting_that_cannot_train_is_named_before_any_work(make, message):
+    with pytest.raises(ValueError, match=re.escape(message)):
+        make()
 
 
 @pytest.mark.parametrize("field, value, message", [
