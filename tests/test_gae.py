@@ -12,8 +12,8 @@ from hypothesis import given
 from jax.experimental import checkify
 from jax.sharding import PartitionSpec as P
 
-from stepcredit.advantages import (discounted_returns, lambda_returns, reverse_linear_recurrence,
-                                   step_gae, token_gae)
+from stepcredit.advantages import (discounted_returns, lambda_returns, reinforce_pp,
+                                   reverse_linear_recurrence, step_gae, token_gae)
 from tests.reference import gae as ref
 
 B, T = 8, 12
@@ -283,3 +283,13 @@ def test_integer_masks_are_accepted():
     a = step_gae(rewards, values, mask)
     b = step_gae(rewards, values, mask.astype(np.int32))
     np.testing.assert_array_equal(a.advantages, b.advantages)
+
+
+def test_an_empty_step_axis_gives_empty_credit():
+    """T = 0: empty outputs with or without a bootstrap value (the default read column 0)."""
+    rewards, mask = np.zeros((3, 0), np.float32), np.zeros((3, 0), bool)
+    for bootstrap in (None, np.ones(3, np.float32)):
+        advantages, returns = step_gae(rewards, rewards, mask, bootstrap_value=bootstrap)
+        assert advantages.shape == returns.shape == (3, 0)
+    assert discounted_returns(rewards, mask, gamma=0.9).shape == (3, 0)
+    assert reinforce_pp(rewards, mask).shape == (3, 0)

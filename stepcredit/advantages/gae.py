@@ -18,7 +18,8 @@ import jax
 import jax.numpy as jnp
 
 from stepcredit.advantages import _checks, native
-from stepcredit.advantages.recurrence import METHODS, Method, reverse_linear_recurrence
+from stepcredit.advantages.recurrence import (METHODS, Method, reverse_linear_recurrence,
+                                              zero_carry)
 
 GaeMethod = Literal["auto", "sequential", "chunked", "associative", "native"]
 # "native" exists for GAE only: a compiled kernel of the whole masked recursion; "auto"
@@ -42,8 +43,7 @@ def _check_inputs(fn: str, rewards, values, mask, bootstrap_value, **hyper):
         arrays["values"] = values
     _checks.same_shape(fn, "[B, T]", **arrays)
     if bootstrap_value is None:
-        # zeros_like keeps the varying-axis type of the data under shard_map.
-        bootstrap_value = jnp.zeros_like(rewards[:, 0])
+        bootstrap_value = zero_carry(rewards)
     else:
         bootstrap_value = _checks.float_array(fn, "bootstrap_value", bootstrap_value, rank=1)
         _checks.leading_dim(fn, rewards.shape[0], bootstrap_value=bootstrap_value)

@@ -18,7 +18,7 @@ import numpy as np
 from stepcredit.advantages import _checks, native
 from stepcredit.advantages.group import (SINGLETONS, STDS, _check_eps, _check_option, _dense_ids,
                                          _normalize)
-from stepcredit.advantages.recurrence import Method, reverse_linear_recurrence
+from stepcredit.advantages.recurrence import Method, reverse_linear_recurrence, zero_carry
 
 
 def _pair_ids(first: jax.Array, second: jax.Array) -> jax.Array:
@@ -92,7 +92,7 @@ def step_returns(step_rewards, mask, *, gamma, method: Method) -> jax.Array:
     clean_rewards = jnp.where(mask, step_rewards, 0.0)
     return reverse_linear_recurrence(
         clean_rewards, jnp.where(mask, gamma, 1.0).astype(step_rewards.dtype),
-        jnp.zeros_like(clean_rewards[:, 0]), method=method)
+        zero_carry(clean_rewards), method=method)
 
 
 def anchor_terms(step_rewards, anchors, episode_ids, mask, episode_scores, *, num_groups: int,

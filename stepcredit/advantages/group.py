@@ -26,7 +26,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from stepcredit.advantages import _checks, native
-from stepcredit.advantages.recurrence import Method, reverse_linear_recurrence
+from stepcredit.advantages.recurrence import Method, reverse_linear_recurrence, zero_carry
 
 STDS = ("unbiased", "biased", "none")
 SINGLETONS = ("zero", "raw")
@@ -518,5 +518,5 @@ def reinforce_pp(token_rewards, mask, *, gamma: float = 1.0, masked: str = "carr
     carried = 1.0 if masked == "carry" else 0.0
     returns = reverse_linear_recurrence(
         clean_rewards, jnp.where(mask, gamma, carried).astype(token_rewards.dtype),
-        jnp.zeros_like(clean_rewards[:, 0]), method=method)
+        zero_carry(clean_rewards), method=method)
     return jnp.where(mask, returns, 0.0)

@@ -20,7 +20,7 @@ import jax.numpy as jnp
 
 from stepcredit.advantages import _checks
 from stepcredit.advantages import group as group_lib
-from stepcredit.advantages.recurrence import reverse_linear_recurrence
+from stepcredit.advantages.recurrence import reverse_linear_recurrence, zero_carry
 
 NORMALIZATIONS = ("rloo", "grpo")
 BASELINES = ("all", "first")
@@ -301,5 +301,5 @@ def prime_advantages(token_rewards, outcome_scores, action_mask, group_ids, *,
     # G_n = x_n + G_{n+1}: the reverse cumulative sum as a linear recurrence, which CPU
     # runs as the compiled kernel (XLA:CPU runs a cumulative sum as a slow reduce-window).
     returns = reverse_linear_recurrence(combined, jnp.ones_like(combined),
-                                        jnp.zeros_like(combined[:, 0]))
+                                        zero_carry(combined))
     return jnp.where(action_mask, returns, 0.0)

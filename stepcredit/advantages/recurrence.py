@@ -187,3 +187,10 @@ def _associative(x: jax.Array, c: jax.Array, y_init: jax.Array) -> jax.Array:
 
     _, y = jax.lax.associative_scan(compose, (c, x), reverse=True, axis=1)
     return y
+
+
+def zero_carry(x: jax.Array) -> jax.Array:
+    """`[B]` zeros of `x`'s dtype for `[B, T]` `x`, T = 0 included: the value after each row's
+    last step. Derived from `x` (x[:, 0] needs a column), so that under shard_map they vary
+    over the same mesh axes as the data."""
+    return jnp.zeros_like(jnp.sum(x, axis=1))
