@@ -84,8 +84,9 @@ def iter_batches(source, *, by: By = "trajectory", batch_rows: int = BATCH_ROWS)
     """
     if by not in ("trajectory", "group"):
         raise ValueError(f"iter_batches: by={by!r}; it must be 'trajectory' or 'group'")
-    if batch_rows < 1:
-        raise ValueError(f"iter_batches: batch_rows={batch_rows}; it must be positive")
+    whole = isinstance(batch_rows, (int, np.integer)) and not isinstance(batch_rows, bool)
+    if not whole or batch_rows < 1:
+        raise ValueError(f"iter_batches: batch_rows={batch_rows!r}; it must be a positive int")
     jsonl = is_jsonl(source)
     raw_batches: Iterable = (read_jsonl(os.fspath(source), batch_rows) if jsonl
                              else read_arrow(source, batch_rows))

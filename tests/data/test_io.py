@@ -147,6 +147,10 @@ def test_batches_hold_whole_units(tmp_path):
     assert validate(interleaved).trajectories == 3
     with pytest.raises(RecordError, match="group 'g' appears again"):
         validate(interleaved, by="group")
+    for bad in (0, "10"):
+        with pytest.raises(ValueError, match=f"iter_batches: batch_rows={bad!r}; it must be a "
+                                             "positive int"):
+            validate(path, batch_rows=bad)
 
 
 def test_integer_ids_and_anchors_become_strings(tmp_path):
