@@ -128,7 +128,6 @@ def compute_advantages(steps: StepBatch, tokens: TokenBatch, name: str, *, token
     return Credit(token_level, step_level, out.returns)
 
 
-@functools.lru_cache(maxsize=64)
 def _check_whiten(fn: str, whiten) -> None:
     # A string such as "none" would be true: refused, not read as "whiten".
     if whiten is not None and not isinstance(whiten, (bool, np.bool_)):
@@ -136,6 +135,7 @@ def _check_whiten(fn: str, whiten) -> None:
                          "keeps the estimator's own whitening)")
 
 
+@functools.lru_cache(maxsize=64)
 def _compiled(name: str, whiten: bool | None, config_items: tuple[tuple[str, Any], ...]):
     return jax.jit(functools.partial(compute_advantages, name=name, whiten=whiten,
                                      **dict(config_items)))

@@ -5,6 +5,7 @@ import numpy as np
 import pytest
 
 from stepcredit import StepRecord, Trajectory, advantages as adv, collate
+from stepcredit import credit as credit_module
 from stepcredit.credit import (compiled_compute_advantages, compute_advantages, last_action_tokens,
                                token_rewards_from_steps)
 
@@ -62,8 +63,18 @@ def test_whiten_is_a_bool_or_none_not_a_word(call):
     with pytest.raises(ValueError, match=f"{call.__name__}: whiten='none'; it must be True, "
                                          "False or None"):
         call(steps, tokens, "grpo", whiten="none")
-    unwhitened = call(steps, tokens, "grpo", whiten=False).step_advantages
-    np.testing.assert_allclose(unwhitened, compute_advantages(steps, tokens, "grpo").step_advantages)
+    raw = compute_advantages(steps, tokens, "step_gae", lam=0.9, whiten=False).step_advantages
+    whitened = call(steps, tokens, "step_gae", lam=0.9, whiten=True).step_advantages
+    np.testing.assert_allclose(whitened, adv.masked_whiten(raw, steps.mask), atol=1e-5)
+    assert np.abs(np.asarray(raw) - np.asarray(whitened)).max() > 1e-2
+
+
+def test_the_compiled_credit_is_compiled_once_per_estimator_and_settings():
+    steps, tokens, _ = random_batch(1)
+    compiled_compute_advantages(steps, tokens, "grpo")
+    hits = credit_module._compiled.cache_info().hits
+    compiled_compute_advantages(steps, tokens, "grpo")
+    assert credit_module._compiled.cache_info().hits == hits + 1
 
 
 def test_step_gae_is_whitened_over_valid_steps_and_broadcast():
