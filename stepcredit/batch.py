@@ -75,8 +75,8 @@ class Trajectory:
         ignored (0) when the episode terminated.
       tree_id: the rollout tree it is a leaf of (Tree-GRPO's branching
         rollouts, `stepcredit.train.tree`: the leaves of a tree share their
-        steps up to their branch points), unique within the batch; None
-        makes it a tree of its own.
+        steps up to their branch points), an int >= 0 unique to the tree
+        within the batch; None makes it a tree of its own.
       answer: the task's ground-truth answer, for information-gain credit
         (IGPO, `stepcredit.train.information_gain`): the trainer fills it from
         the environment's `reference_answer()`; the policy never sees it.
@@ -241,8 +241,11 @@ def collate(trajectories: Sequence[Trajectory], *, max_steps: int | None = None,
     none was recorded), its score becomes the sum of its kept rewards, and the
     cut is counted in the returned `CollateStats`.
 
-    Rewards, values, scores and bootstrap values must be finite in `dtype`
-    (for float32: NaN, infinities and magnitudes above about 3.4e38 raise).
+    Rewards (never None), values, scores, bootstrap values and every action
+    log-probability and entropy must be finite in `dtype` (for float32: NaN,
+    infinities and magnitudes above about 3.4e38 raise); group ids and anchors
+    are ints, tree ids ints >= 0 or None. A bad value is named by its trajectory
+    and step.
 
     Args:
       trajectories: the episodes, each with at least one step.

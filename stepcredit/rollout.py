@@ -160,7 +160,8 @@ class RolloutConfig:
                              f"max_action_tokens={self.max_action_tokens} are too small")
         for name in ("temperature", "invalid_action_penalty"):
             value = getattr(self, name)
-            if isinstance(value, (bool, str)) or not math.isfinite(float(value)):
+            if not isinstance(value, (int, float)) or isinstance(value, bool) or not math.isfinite(
+                    value):
                 raise ValueError(f"RolloutConfig: {name}={value!r}; it must be a finite number")
 
     @property

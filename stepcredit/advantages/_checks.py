@@ -100,13 +100,16 @@ def step_and_group_arrays(fn: str, name: str, steps: Any, mask: Any, scores: Any
 
 
 def number(fn: str, name: str, value: Any) -> float:
-    """A concrete hyperparameter as a float; a string, None or several values are named."""
+    """A concrete hyperparameter as a float; a string, a bool, None or several values are
+    named."""
     try:
-        if isinstance(value, str):
+        if isinstance(value, (str, bool, np.bool_)):
             raise TypeError
         return float(value)
     except (TypeError, ValueError):
-        raise ValueError(f"{fn}: {name}={value!r} is a {type(value).__name__}; it must be a "
+        kind = type(value).__name__
+        article = "an" if kind[0].lower() in "aeiou" else "a"
+        raise ValueError(f"{fn}: {name}={value!r} is {article} {kind}; it must be a "
                          "number") from None
 
 

@@ -260,7 +260,8 @@ def apply(name: str | Estimator, inputs: CreditInputs,
         raise TypeError(f"apply: config is a {type(config).__name__}; it must be a mapping of "
                         "hyperparameter names to values, or None")
     resolved = entry.resolve(config)
-    if entry.base is not None and inputs.base_advantages is None:
+    # Without a mask the base cannot be broadcast: the check below names the missing mask.
+    if entry.base is not None and inputs.base_advantages is None and inputs.mask is not None:
         inputs = inputs._replace(base_advantages=_base_advantages(entry.name, entry.base,
                                                                   inputs))
     absent = {argument for argument in entry.optional

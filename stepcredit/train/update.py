@@ -73,12 +73,14 @@ class LossConfig:
         # A static jit argument must hash: a list read back from JSON becomes a tuple.
         object.__setattr__(self, "choice_markers", tuple(self.choice_markers))
         # Checked here, before any rollout: inside the update a NaN weight trains on NaN.
-        for name in ("clip_low", "clip_high", "step_clip_low", "step_clip_high",
-                     "behav_weight_cap", "value_coef", "value_clip", "kl_coef", "entropy_coef",
-                     "temperature"):
+        optional = ("clip_high", "behav_weight_cap", "value_clip")
+        for name in ("clip_low", "step_clip_low", "step_clip_high", "value_coef", "kl_coef",
+                     "entropy_coef", "temperature", *optional):
             value = getattr(self, name)
-            if value is not None and (isinstance(value, (bool, str))
-                                      or not math.isfinite(float(value))):
+            if value is None and name in optional:
+                continue
+            if not isinstance(value, (int, float)) or isinstance(value, bool) or not math.isfinite(
+                    value):
                 raise ValueError(f"LossConfig: {name}={value!r}; it must be a finite number")
         for name in ("value_coef", "kl_coef"):
             if getattr(self, name) < 0:

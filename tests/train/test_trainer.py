@@ -9,8 +9,8 @@ devices of the test session.
 
 import dataclasses
 import math
-import re
 import os
+import re
 import shutil
 
 import jax
