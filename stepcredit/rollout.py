@@ -160,8 +160,9 @@ class RolloutConfig:
                              f"max_action_tokens={self.max_action_tokens} are too small")
         for name in ("temperature", "invalid_action_penalty"):
             value = getattr(self, name)
-            if not isinstance(value, (int, float)) or isinstance(value, bool) or not math.isfinite(
-                    value):
+            finite = (isinstance(value, (int, float)) and not isinstance(value, bool)
+                      and math.isfinite(value))
+            if not finite:
                 raise ValueError(f"RolloutConfig: {name}={value!r}; it must be a finite number")
 
     @property

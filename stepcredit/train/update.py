@@ -79,8 +79,9 @@ class LossConfig:
             value = getattr(self, name)
             if value is None and name in optional:
                 continue
-            if not isinstance(value, (int, float)) or isinstance(value, bool) or not math.isfinite(
-                    value):
+            finite = (isinstance(value, (int, float)) and not isinstance(value, bool)
+                      and math.isfinite(value))
+            if not finite:
                 raise ValueError(f"LossConfig: {name}={value!r}; it must be a finite number")
         for name in ("value_coef", "kl_coef"):
             if getattr(self, name) < 0:
