@@ -104,7 +104,7 @@ def test_masked_mean_is_the_mean_of_the_valid_entries_and_checks_them():
         masked_mean(x, mask[:, :1])
     with pytest.raises(ValueError, match=r"masked_mean: x is not finite at index \(0, 2\)"):
         masked_mean(x, mask.at[0, 2].set(True))
-    with pytest.raises(ValueError, match="masked_whiten: eps=-1.0; it must be >= 0"):
+    with pytest.raises(ValueError, match="masked_whiten: eps=-1.0; it must be finite and >= 0"):
         masked_whiten(x, mask, eps=-1.0)
 
 

@@ -128,6 +128,16 @@ def finite_scalars(fn: str, **scalars: Any) -> None:
             raise ValueError(f"{fn}: {name}={float(value)}; it must be finite")
 
 
+def finite_nonnegative(fn: str, **scalars: Any) -> None:
+    """Raises `ValueError` for a concrete hyperparameter (an eps, a prior count) that is NaN,
+    infinite, negative or not a number."""
+    for name, value in scalars.items():
+        if is_concrete(value):
+            x = number(fn, name, value)
+            if not (math.isfinite(x) and x >= 0.0):
+                raise ValueError(f"{fn}: {name}={x}; it must be finite and >= 0")
+
+
 def finite_where(fn: str, name: str, x: jax.Array, valid: jax.Array | None = None) -> None:
     """Raises `ValueError` naming the first non-finite entry of `x` at a valid position.
 

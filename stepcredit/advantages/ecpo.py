@@ -18,7 +18,7 @@ import numpy as np
 
 from stepcredit.advantages import _checks
 from stepcredit.advantages.gigpo import _check_inputs, anchor_terms, fused_on_cpu
-from stepcredit.advantages.group import (SINGLETONS, STDS, _check_eps, _check_option,
+from stepcredit.advantages.group import (SINGLETONS, STDS, _check_option,
                                          _dense_ids, _segment_sum)
 from stepcredit.advantages.recurrence import Method
 
@@ -111,9 +111,7 @@ def ecpo(step_rewards, anchors, group_ids, mask, *, gamma: float = 0.95, omega: 
     fn = "ecpo"
     _check_option(fn, "std", std, STDS)
     _check_option(fn, "singleton", singleton, SINGLETONS)
-    _check_eps(fn, eps)
-    if _checks.is_concrete(kappa) and not (np.isfinite(float(kappa)) and float(kappa) >= 0.0):
-        raise ValueError(f"{fn}: kappa={float(kappa)}; it must be finite and >= 0")
+    _checks.finite_nonnegative(fn, eps=eps, kappa=kappa)
     step_rewards, anchors, group_ids, mask, episode_scores = _check_inputs(
         fn, step_rewards, anchors, group_ids, mask, episode_scores, gamma, omega)
     dense = _dense_ids(fn, group_ids, num_groups, axis_name)

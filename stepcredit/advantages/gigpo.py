@@ -16,7 +16,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from stepcredit.advantages import _checks, native
-from stepcredit.advantages.group import (SINGLETONS, STDS, _check_eps, _check_option, _dense_ids,
+from stepcredit.advantages.group import (SINGLETONS, STDS, _check_option, _dense_ids,
                                          _normalize)
 from stepcredit.advantages.recurrence import Method, reverse_linear_recurrence, zero_carry
 
@@ -239,7 +239,7 @@ def gigpo(step_rewards, anchors, group_ids, mask, *, gamma: float = 0.95, omega:
     fn = "gigpo"
     _check_option(fn, "std", std, STDS)
     _check_option(fn, "singleton", singleton, SINGLETONS)
-    _check_eps(fn, eps)
+    _checks.finite_nonnegative(fn, eps=eps)
     step_rewards, anchors, group_ids, mask, episode_scores = _check_inputs(
         fn, step_rewards, anchors, group_ids, mask, episode_scores, gamma, omega)
     dense = _dense_ids(fn, group_ids, num_groups, axis_name)

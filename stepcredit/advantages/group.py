@@ -244,11 +244,6 @@ def _check_option(fn: str, name: str, value, options: tuple[str, ...]) -> None:
         raise ValueError(f"{fn}: {name}={value!r}; it must be one of {', '.join(map(repr, options))}")
 
 
-def _check_eps(fn: str, eps) -> None:
-    if _checks.is_concrete(eps) and not (np.isfinite(float(eps)) and float(eps) >= 0.0):
-        raise ValueError(f"{fn}: eps={float(eps)}; it must be finite and >= 0")
-
-
 def _check_scores(fn: str, scores, group_ids, num_groups, axis_name):
     """Validates `[B]` scores and `[B]` ids; returns float scores and dense ids."""
     scores = _checks.float_array(fn, "scores", scores, rank=1)
@@ -371,7 +366,7 @@ def grpo(scores, group_ids, *, num_groups: int | None = None, eps: float = 1e-6,
     fn = "grpo"
     _check_option(fn, "std", std, STDS)
     _check_option(fn, "singleton", singleton, SINGLETONS)
-    _check_eps(fn, eps)
+    _checks.finite_nonnegative(fn, eps=eps)
     scores, dense = _check_scores(fn, scores, group_ids, num_groups, axis_name)
     valid = jnp.ones(scores.shape, jnp.bool_)
     return _normalize(scores, dense.ids, valid, dense.num_groups, std=std, eps=eps,

@@ -23,7 +23,7 @@ import numpy as np
 from stepcredit.advantages import _checks
 from stepcredit.advantages.gigpo import (_check_inputs, _pair_ids, episode_advantages,
                                          fused_on_cpu, step_returns)
-from stepcredit.advantages.group import (SINGLETONS, STDS, _check_eps, _check_option,
+from stepcredit.advantages.group import (SINGLETONS, STDS, _check_option,
                                          _dense_ids, _normalize)
 from stepcredit.advantages.recurrence import Method
 
@@ -167,7 +167,7 @@ def hgpo(step_rewards, anchors, group_ids, mask, *, gamma: float = 0.95, omega: 
     fn = "hgpo"
     _check_option(fn, "std", std, STDS)
     _check_option(fn, "singleton", singleton, SINGLETONS)
-    _check_eps(fn, eps)
+    _checks.finite_nonnegative(fn, eps=eps)
     _check_depths(fn, max_depth, min_depth, alpha)
     step_rewards, anchors, group_ids, mask, episode_scores = _check_inputs(
         fn, step_rewards, anchors, group_ids, mask, episode_scores, gamma, omega)

@@ -16,7 +16,7 @@ import numpy as np
 
 from stepcredit.advantages import _checks, native
 from stepcredit.advantages.gae import _next_valid, discounted_returns
-from stepcredit.advantages.group import STDS, _check_eps, _dense_ids, _normalize
+from stepcredit.advantages.group import STDS, _dense_ids, _normalize
 from stepcredit.advantages.mt_grpo import final_turns
 from stepcredit.advantages.recurrence import Method
 
@@ -192,7 +192,7 @@ def igpo(information_gain, scores, group_ids, mask, *, gamma: float = 1.0,
     _checks.one_of(fn, "normalize", normalize, NORMALIZE)
     _checks.one_of(fn, "order", order, ORDERS)
     _checks.one_of(fn, "std", std, STDS)
-    _check_eps(fn, eps)
+    _checks.finite_nonnegative(fn, eps=eps)
     _checks.unit_interval(fn, gamma=gamma)
     information_gain, mask, scores, group_ids = _checks.step_and_group_arrays(
         fn, "information_gain", information_gain, mask, scores, group_ids)

@@ -122,13 +122,13 @@ def _implicit_step_rewards(prm_logp, ref_logp, step_index, mask, **params):
         raise ValueError(f"{fn}: mask has shape {tuple(mask.shape)} but step_index has shape "
                          f"{tuple(step_index.shape)}; both hold one row per trajectory")
     if _checks.is_concrete(step_index, mask) and step_index.size:
-        last = int(jnp.max(step_index))
+        index, valid = np.asarray(step_index), np.asarray(mask)
+        last = int(index.max())
         if last >= mask.shape[1]:
             raise ValueError(f"{fn}: step_index holds step {last} but mask has "
                              f"{mask.shape[1]} steps ([B, T])")
         # Every step has an action token: a valid step without one means that the mask and
         # the tokens describe different steps (a mask one column too wide, say).
-        index, valid = np.asarray(step_index), np.asarray(mask)
         has_tokens = np.zeros(valid.shape, bool)
         rows, columns = np.nonzero(index >= 0)
         has_tokens[rows, index[rows, columns]] = True

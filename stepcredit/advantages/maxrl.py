@@ -5,6 +5,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
+from stepcredit.advantages import _checks
 from stepcredit.advantages import group as group_lib
 
 
@@ -63,7 +64,7 @@ def maxrl(scores, group_ids, *, eps: float = 0.0, divide_by_group_size: bool = F
     the singleton gives 0. scores [0, 0] give [0, 0] (mean 0).
     """
     fn = "maxrl"
-    group_lib._check_eps(fn, eps)
+    _checks.finite_nonnegative(fn, eps=eps)
     scores, dense = group_lib._check_scores(fn, scores, group_ids, num_groups, axis_name)
     valid = jnp.ones(scores.shape, jnp.bool_)
     stats = group_lib._group_stats(scores, dense.ids, valid, dense.num_groups, axis_name)

@@ -142,7 +142,7 @@ def mt_grpo(step_rewards, scores, group_ids, mask, *, lam: float = 1.0,
     _checks.one_of(fn, "turn_baseline", turn_baseline, TURN_BASELINES)
     _checks.one_of(fn, "final_turn", final_turn, FINAL_TURNS)
     _checks.one_of(fn, "std", std, group_lib.STDS)
-    group_lib._check_eps(fn, eps)
+    _checks.finite_nonnegative(fn, eps=eps)
     step_rewards, mask, scores, group_ids = _checks.step_and_group_arrays(
         fn, "step_rewards", step_rewards, mask, scores, group_ids)
     _checks.finite_where(fn, "step_rewards", step_rewards, mask)

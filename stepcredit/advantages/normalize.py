@@ -69,9 +69,7 @@ def masked_whiten(x, mask, *, unbiased: bool = True, shift_mean: bool = True,
     mask = _checks.bool_array(fn, "mask", mask)
     _checks.same_shape(fn, "the same shape", x=x, mask=mask)
     _checks.finite_where(fn, "x", x, mask)
-    _checks.finite_scalars(fn, eps=eps)
-    if _checks.is_concrete(eps) and eps < 0:
-        raise ValueError(f"{fn}: eps={eps}; it must be >= 0")
+    _checks.finite_nonnegative(fn, eps=eps)
     count = jnp.sum(mask).astype(x.dtype)
     mean = _masked_mean(x, mask)
     centered = jnp.where(mask, x - mean, 0.0)

@@ -15,7 +15,7 @@ import jax
 import jax.numpy as jnp
 
 from stepcredit.advantages import _checks, native
-from stepcredit.advantages.group import SINGLETONS, _check_eps, _check_option, _dense_ids
+from stepcredit.advantages.group import SINGLETONS, _check_option, _dense_ids
 from stepcredit.advantages.recurrence import reverse_linear_recurrence
 
 ALIGNS = ("position", "action")
@@ -171,7 +171,7 @@ def optimal_token_baseline(scores, group_ids, action_mask, ref_logp=None, *,
     fn = "optimal_token_baseline"
     _check_option(fn, "align", align, ALIGNS)
     _check_option(fn, "singleton", singleton, SINGLETONS)
-    _check_eps(fn, eps)
+    _checks.finite_nonnegative(fn, eps=eps)
     scores, group_ids, action_mask, ref_logp, sum_pi_squared = _check_inputs(
         fn, scores, group_ids, action_mask, ref_logp, sum_pi_squared)
     dense = _dense_ids(fn, group_ids, num_groups, None)

@@ -84,7 +84,7 @@ def tree_grpo(scores, group_ids, tree_ids=None, *, std: str = "unbiased", eps: f
     fn = "tree_grpo"
     group_lib._check_option(fn, "std", std, group_lib.STDS)
     group_lib._check_option(fn, "singleton", singleton, group_lib.SINGLETONS)
-    group_lib._check_eps(fn, eps)
+    _checks.finite_nonnegative(fn, eps=eps)
     scores, groups = group_lib._check_scores(fn, scores, group_ids, num_groups, axis_name)
     valid = jnp.ones(scores.shape, jnp.bool_)
     inter = group_lib._normalize(scores, groups.ids, valid, groups.num_groups, std=std, eps=eps,

@@ -27,7 +27,7 @@ import jax.numpy as jnp
 
 from stepcredit.advantages import _checks, native
 from stepcredit.advantages.gae import discounted_returns
-from stepcredit.advantages.group import (SINGLETONS, STDS, _check_eps, _check_option, _dense_ids,
+from stepcredit.advantages.group import (SINGLETONS, STDS, _check_option, _dense_ids,
                                          _normalize, _normalize_per_turn)
 from stepcredit.advantages.recurrence import Method
 
@@ -44,7 +44,7 @@ def _check_inputs(fn, step_rewards, group_ids, mask, gamma, baseline, std, eps, 
     _check_option(fn, "baseline", baseline, BASELINES)
     _check_option(fn, "std", std, STDS)
     _check_option(fn, "singleton", singleton, SINGLETONS)
-    _check_eps(fn, eps)
+    _checks.finite_nonnegative(fn, eps=eps)
     _checks.finite_where(fn, "step_rewards", step_rewards, mask)
     return step_rewards, group_ids, mask
 
